@@ -1,0 +1,169 @@
+"""`sentemb` (alias `lightning`): LightningCLI for fit/validate/test plus evaluate/export/data.
+
+    sentemb fit -c experiments/simcse.yaml
+    sentemb test -c experiments/simcse.yaml --ckpt_path best
+    sentemb evaluate --model out/simcse/checkpoints/best.ckpt --tasks sts
+    sentemb export out/simcse/checkpoints/best.ckpt exported/
+    sentemb data download --to data/      |   sentemb data check --data-dir ../shared/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from .data.datamodule import SentEmbDataModule
+from .loggers import default_loggers
+from .methods.base import SentEmbMethod
+
+SELECTION_METRIC = "val/STSBenchmark-dev"
+
+
+class SentEmbCLI(LightningCLI):
+    """LightningCLI in omegaconf mode with the shared checkpointing (best STS-B dev)."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults(
+            {
+                "checkpoint.monitor": SELECTION_METRIC,
+                "checkpoint.mode": "max",
+                "checkpoint.filename": "best",
+                "checkpoint.save_top_k": 1,
+                "checkpoint.enable_version_counter": False,
+            }
+        )
+        parser.link_arguments(
+            "trainer.default_root_dir", "checkpoint.dirpath", compute_fn=lambda root: os.path.join(root or ".", "checkpoints")
+        )
+
+    def instantiate_trainer(self, **kwargs):
+        """Default loggers (CSV + W&B) under the run's root dir when the config names none."""
+        config = self._get(self.config_init, "trainer", default={})
+        if config.get("logger") in (None, True):
+            kwargs["logger"] = default_loggers(config.get("default_root_dir") or "out")
+        return super().instantiate_trainer(**kwargs)
+
+    def _resolve_best(self) -> None:
+        """`--ckpt_path best` in a fresh process: the best checkpoint of an earlier `fit`."""
+        config = self.config[self.subcommand]
+        callback = self.trainer.checkpoint_callback
+        if config.get("ckpt_path") == "best" and callback is not None and not callback.best_model_path:
+            best = Path(callback.dirpath) / "best.ckpt"
+            if not best.exists():
+                raise FileNotFoundError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
+            callback.best_model_path = str(best)
+
+    def before_test(self) -> None:
+        self._resolve_best()
+
+    def before_validate(self) -> None:
+        self._resolve_best()
+
+
+def lightning_main(args: list[str] | None) -> None:
+    SentEmbCLI(
+        SentEmbMethod,
+        SentEmbDataModule,
+        subclass_mode_model=True,
+        parser_kwargs={"parser_mode": "omegaconf"},
+        trainer_defaults={"default_root_dir": "out"},
+        args=args,
+    )
+
+
+def evaluate_main(args: list[str]) -> None:
+    from .data.senteval import STS_TASKS, load_sts_task
+    from .evaluation.sts import evaluate_sts, format_table
+    from .loading import load_method
+
+    parser = argparse.ArgumentParser(prog="sentemb evaluate", description="Evaluate a checkpoint or a HF model folder.")
+    parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder or hub name; several allowed")
+    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"],
+                        help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler")
+    parser.add_argument("--tasks", default="sts", help="comma-separated: sts")
+    parser.add_argument("--data-dir", default=None, help="data directory (default $SENTEMB_DATA, else ./data)")
+    parser.add_argument("--output", default=None, help="JSON file for the results")
+    parser.add_argument("--aggregation", default="all", choices=["all", "wmean", "mean"], help="STS12–16 aggregation")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "32"])
+    parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
+    options = parser.parse_args(args)
+    tasks = [t.strip() for t in options.tasks.split(",") if t.strip()]
+    unknown = set(tasks) - {"sts"}
+    if unknown:
+        parser.error(f"unknown task(s) {', '.join(sorted(unknown))}; available: sts")
+    sts_sets = [load_sts_task(name, options.data_dir) for name in STS_TASKS]
+    results = {}
+    for model in options.model:
+        method = load_method(model, options.pooler, eval_precision=options.precision).to(options.device)
+        encode = lambda sentences: method.encode(sentences, batch_size=options.batch_size)  # noqa: E731
+        results[model] = {"sts": evaluate_sts(encode, sts_sets, options.aggregation)}
+    print(format_table({model: r["sts"] for model, r in results.items()}))
+    if options.output:
+        single = next(iter(results.values())) if len(results) == 1 else results
+        _atomic_write_json(Path(options.output), single)
+
+
+def export_main(args: list[str]) -> None:
+    from .export import export
+    from .loading import load_method
+
+    parser = argparse.ArgumentParser(prog="sentemb export", description="Checkpoint → HF + sentence-transformers folder.")
+    parser.add_argument("checkpoint")
+    parser.add_argument("out_dir")
+    options = parser.parse_args(args)
+    folder = export(load_method(options.checkpoint), options.out_dir)
+    print(f"exported to {folder} (AutoModel.from_pretrained and SentenceTransformer both load it)")
+
+
+def data_main(args: list[str]) -> None:
+    from .data.download import check_data_dir, download
+
+    parser = argparse.ArgumentParser(prog="sentemb data")
+    sub = parser.add_subparsers(dest="action", required=True)
+    fetch = sub.add_parser("download", help="fetch SentEval + SimCSE corpora from their canonical sources")
+    fetch.add_argument("--to", required=True, help="target data directory")
+    fetch.add_argument("--what", default="senteval,wiki1m,nli", help="comma-separated: senteval,wiki1m,nli")
+    check = sub.add_parser("check", help="list which data files a directory (an existing mirror) provides")
+    check.add_argument("--data-dir", default=None)
+    options = parser.parse_args(args)
+    if options.action == "download":
+        download(options.to, options.what.split(","))
+    else:
+        missing = check_data_dir(options.data_dir)
+        sys.exit(1 if missing else 0)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _atomic_write_json(path: Path, content: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(json.dumps(content, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+TOOLS = {"evaluate": evaluate_main, "export": export_main, "data": data_main}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in TOOLS:
+        TOOLS[args[0]](args[1:])
+    else:
+        lightning_main(None if argv is None else args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""All-gather that keeps gradients, so in-batch negatives are the global batch under DDP."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from torch import Tensor
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside a process group."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_with_grad(tensor: Tensor) -> Tensor:
+    """Concatenate `tensor` from every rank along dim 0, differentiably.
+
+    Each rank's loss over its local anchors then sees all columns, and the backward pass sums the
+    column gradients back to their owners; with DDP's gradient averaging this equals the
+    gradient of the single-process loss on the global batch. (SimCSE's reference gathers without
+    gradient and re-inserts only the local slice, which drops the cross-rank terms.)
+    """
+    _, size = world()
+    if size == 1:
+        return tensor
+    return torch.cat(dist_fn.all_gather(tensor.contiguous()), dim=0)
+
+
+def local_labels(local_batch: int, device: torch.device) -> Tensor:
+    """Column of each local anchor's positive inside the gathered global batch."""
+    rank, _ = world()
+    return torch.arange(local_batch, device=device) + rank * local_batch

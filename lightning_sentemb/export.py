@@ -1,0 +1,98 @@
+"""Checkpoint → one folder that is both a Hugging Face model and a sentence-transformers model.
+
+`AutoModel.from_pretrained(OUT)` loads the backbone; `SentenceTransformer(OUT)` loads the backbone
+plus the method's evaluation-time pooling (modules.json), so both reproduce `method.encode`.
+A Linear+Tanh MLP kept at evaluation (mlp='always') is written into the backbone's pooler, so
+`--pooler cls` on the exported folder (SimCSE's convention) and the sentence-transformers Dense
+module both apply it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors.torch import save_file
+
+if TYPE_CHECKING:
+    from .methods.base import SentEmbMethod
+
+ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean", "avg_first_last": "mean", "avg_top2": "mean"}
+
+
+def _write_json(path: Path, content: dict | list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(content, indent=2) + "\n")
+
+
+def _layer_weights(method: SentEmbMethod) -> tuple[int, list[float]] | None:
+    """(first layer, weights) for sentence-transformers' WeightedLayerPooling, or None."""
+    layers = method.encoder.backbone.config.num_hidden_layers
+    if method.hparams.pooler == "avg_first_last":
+        first = method.encoder.first_hidden_index
+        return first, [1.0] + [0.0] * (layers - first - 1) + [1.0]
+    if method.hparams.pooler == "avg_top2":
+        return layers - 1, [1.0, 1.0]
+    return None
+
+
+def write_plain_export(method: SentEmbMethod, folder: Path) -> None:
+    """Backbone, tokenizer and the sentence-transformers pooling stack for plain poolers."""
+    pooler = method.hparams.pooler
+    if pooler not in ST_POOLING:
+        raise ValueError(f"{type(method).__name__} with pooler {pooler!r} needs its own export")
+    backbone = method.encoder.backbone
+    use_mlp = method.mlp is not None and method.hparams.mlp == "always"
+    if use_mlp and getattr(backbone, "pooler", None) is not None:
+        backbone.pooler.dense.load_state_dict(method.mlp[0].state_dict())
+    layer_weights = _layer_weights(method)
+    backbone.config.output_hidden_states = layer_weights is not None
+    backbone.save_pretrained(folder)
+    method.tokenizer.save_pretrained(folder)
+    hidden = method.encoder.hidden_size
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    _write_json(folder / "sentence_bert_config.json", {"max_seq_length": method.encoder.max_length, "do_lower_case": False})
+    if layer_weights is not None:
+        start, weights = layer_weights
+        modules.append({"idx": 1, "name": "1", "path": "1_WeightedLayerPooling",
+                        "type": "sentence_transformers.models.WeightedLayerPooling"})
+        _write_json(folder / "1_WeightedLayerPooling" / "config.json",
+                    {"word_embedding_dimension": hidden, "layer_start": start, "num_hidden_layers": start + len(weights) - 1})
+        save_file({"layer_weights": torch.tensor(weights)},
+                  str(folder / "1_WeightedLayerPooling" / "model.safetensors"))
+    path = f"{len(modules)}_Pooling"
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Pooling"})
+    _write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})
+    if use_mlp:
+        path = f"{len(modules)}_Dense"
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Dense"})
+        _write_json(folder / path / "config.json", {"in_features": hidden, "out_features": hidden, "bias": True,
+                                                    "activation_function": "torch.nn.modules.activation.Tanh"})
+        linear = method.mlp[0]
+        save_file({"linear.weight": linear.weight.detach().contiguous(), "linear.bias": linear.bias.detach().contiguous()},
+                  str(folder / path / "model.safetensors"))
+    _write_json(folder / "modules.json", modules)
+
+
+def export(method: SentEmbMethod, out_dir: str | os.PathLike) -> Path:
+    """Write the export to a temporary folder beside `out_dir`, then move it into place."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists and is not empty; choose a new folder or remove it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        method.write_export(staging)
+        if out_dir.exists():
+            out_dir.rmdir()
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir

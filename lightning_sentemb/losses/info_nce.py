@@ -1,0 +1,61 @@
+"""InfoNCE over cosine similarities: SimCSE's loss, shared by every method here."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
+    """(n, m) cosine similarities, computed in fp32 so bf16 training keeps a sharp softmax."""
+    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+
+
+def info_nce(
+    anchors: Tensor,
+    candidates: Tensor,
+    labels: Tensor,
+    temperature: float = 0.05,
+    logit_bias: Tensor | None = None,
+) -> Tensor:
+    """-log softmax(cos(anchor_i, ·)/τ + bias)[labels_i], averaged over anchors.
+
+    `candidates` holds every positive and negative column (under DDP: the global batch);
+    `labels[i]` is the column of anchor i's positive.
+    """
+    logits = cosine_matrix(anchors, candidates) / temperature
+    if logit_bias is not None:
+        logits = logits + logit_bias
+    return F.cross_entropy(logits, labels)
+
+
+def hard_negative_bias(labels: Tensor, num_positive_columns: int, weight: float) -> Tensor:
+    """Logit bias adding `weight` to each anchor's own hard-negative column.
+
+    The hard negatives sit after the `num_positive_columns` positive columns, in the same order,
+    so anchor i's hard negative is column `num_positive_columns + labels[i]`. This is SimCSE's
+    `hard_negative_weight` (added to the scaled logit, i.e. a factor exp(weight) in the softmax;
+    0 leaves hard negatives unweighted, as in the paper's main results).
+    """
+    bias = torch.zeros(labels.numel(), 2 * num_positive_columns, device=labels.device)
+    bias[torch.arange(labels.numel(), device=labels.device), num_positive_columns + labels] = weight
+    return bias
+
+
+class InfoNCELoss(nn.Module):
+    """SimCSE's contrastive loss with optional hard negatives (supervised SimCSE)."""
+
+    def __init__(self, temperature: float = 0.05, hard_negative_weight: float = 0.0) -> None:
+        super().__init__()
+        self.temperature = temperature
+        self.hard_negative_weight = hard_negative_weight
+
+    def forward(self, anchors: Tensor, positives: Tensor, labels: Tensor, hard_negatives: Tensor | None = None) -> Tensor:
+        if hard_negatives is None:
+            return info_nce(anchors, positives, labels, self.temperature)
+        bias = hard_negative_bias(labels, positives.size(0), self.hard_negative_weight)
+        return info_nce(anchors, torch.cat([positives, hard_negatives]), labels, self.temperature, bias)
+
+    def get_config_dict(self) -> dict[str, float]:
+        return {"temperature": self.temperature, "hard_negative_weight": self.hard_negative_weight}

@@ -1,0 +1,36 @@
+"""Masked-language-model auxiliary objective (SimCSE's `do_mlm`, DCPCSE's ℓ_MLM)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+
+def mask_tokens(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    tokenizer: PreTrainedTokenizerBase,
+    probability: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's 80/10/10 corruption of `probability` of the real (non-special, non-pad) tokens.
+
+    Returns (corrupted ids, labels with -100 where no prediction is asked).
+    """
+    special = torch.isin(input_ids, torch.tensor(tokenizer.all_special_ids, device=input_ids.device))
+    eligible = attention_mask.bool() & ~special
+    chosen = (torch.rand(input_ids.shape, generator=generator) < probability) & eligible
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+    roll = torch.rand(input_ids.shape, generator=generator)
+    corrupted = input_ids.clone()
+    corrupted[chosen & (roll < 0.8)] = tokenizer.mask_token_id
+    random_tokens = torch.randint(len(tokenizer), input_ids.shape, generator=generator)
+    to_random = chosen & (roll >= 0.8) & (roll < 0.9)
+    corrupted[to_random] = random_tokens[to_random]
+    return corrupted, labels
+
+
+def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)

@@ -1,0 +1,41 @@
+"""SimCSE (Gao et al., 2021): dropout views (unsupervised) or NLI pairs with hard negatives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from ..distributed import gather_with_grad, local_labels
+from ..losses.info_nce import InfoNCELoss
+from .base import SentEmbMethod
+
+
+class SimCSE(SentEmbMethod):
+    """Unsupervised when the corpus has one column (the sentence twice: dropout is the
+    augmentation); supervised when it has `sent1` (entailment positive) and optionally
+    `hard_neg` (contradiction). Negatives are the global batch under DDP.
+
+    Args:
+        hard_negative_weight: SimCSE's additive logit bias on each anchor's own hard negative.
+        **kwargs: see `SentEmbMethod`.
+    """
+
+    def __init__(self, backbone: str, hard_negative_weight: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(backbone, **kwargs)
+        self.loss_fn = InfoNCELoss(self.hparams.temperature, hard_negative_weight)
+
+    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        columns = ["sent0", "sent1", "hard_neg"] if "sent1" in examples[0] else ["sent0", "sent0"]
+        columns = [c for c in columns if c in examples[0]]
+        rows = [example[column] for column in columns for example in examples]
+        batch = {"features": self.encoder.format.build(rows, max_length=None), "num_views": len(columns)}
+        return self.add_mlm_inputs(batch)
+
+    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        views = self.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
+        anchors = views[0]
+        positives = gather_with_grad(views[1])
+        hard_negatives = gather_with_grad(views[2]) if batch["num_views"] == 3 else None
+        labels = local_labels(anchors.size(0), anchors.device)
+        return self.loss_fn(anchors, positives, labels, hard_negatives), {}
