@@ -13,7 +13,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
@@ -218,7 +217,8 @@ class SentEmbMethod(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self.test_results = self._log_sts("test", self._stage_tasks("test"))
-        rank_zero_info("\n" + format_table({type(self).__name__: self.test_results}))
+        if self.trainer.is_global_zero:
+            print("\n" + format_table({type(self).__name__: self.test_results}), flush=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the method class so `sentemb evaluate/export` can rebuild it from the file alone."""

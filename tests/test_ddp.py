@@ -1,0 +1,58 @@
+"""Two CPU processes (gloo): SimCSE's global-negative loss and gradients equal the single-process
+loss on the same global batch."""
+
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lightning_sentemb.losses.info_nce import InfoNCELoss
+from lightning_sentemb.methods.simcse import SimCSE
+
+GLOBAL_BATCH, DIM, WORLD = 8, 6, 2
+
+
+def make_inputs():
+    generator = torch.Generator().manual_seed(0)
+    views = torch.randn(3, GLOBAL_BATCH, DIM, generator=generator)  # anchor, positive, hard negative
+    layer = torch.nn.Linear(DIM, DIM)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(DIM, DIM, generator=generator))
+        layer.bias.copy_(torch.randn(DIM, generator=generator))
+    return views, layer
+
+
+def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear):
+    """Run SimCSE.training_loss with `embed` = a linear layer over precomputed view inputs."""
+    stub = SimpleNamespace(embed=lambda features: layer(features["x"]), loss_fn=InfoNCELoss(0.05, 0.7))
+    batch = {"features": {"x": views.flatten(0, 1)}, "num_views": views.size(0)}
+    loss, _ = SimCSE.training_loss(stub, batch)
+    layer.zero_grad()
+    loss.backward()
+    return loss.detach(), layer.weight.grad.clone()
+
+
+def worker(rank: int, init_file: str, out_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    views, layer = make_inputs()
+    local = views[:, rank * GLOBAL_BATCH // WORLD : (rank + 1) * GLOBAL_BATCH // WORLD]
+    loss, grad = loss_and_grad(local, layer)
+    for tensor in (loss, grad):  # what DDP does: average across ranks
+        dist.all_reduce(tensor)
+        tensor /= WORLD
+    if rank == 0:
+        torch.save({"loss": loss, "grad": grad}, out_file)
+    dist.destroy_process_group()
+
+
+def test_global_negatives_match_single_process(tmp_path):
+    mp.spawn(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")), nprocs=WORLD, join=True)
+    distributed = torch.load(tmp_path / "out.pt")
+    views, layer = make_inputs()
+    loss, grad = loss_and_grad(views, layer)
+    assert torch.allclose(distributed["loss"], loss, atol=1e-6)
+    assert torch.allclose(distributed["grad"], grad, atol=1e-5)
+    # and the local-only loss (no gathering) would differ: the test can fail
+    local_loss, _ = loss_and_grad(views[:, : GLOBAL_BATCH // WORLD], layer)
+    assert not torch.allclose(local_loss, loss, atol=1e-3)
