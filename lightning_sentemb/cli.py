@@ -5,6 +5,8 @@
     sentemb evaluate --model out/simcse/checkpoints/best.ckpt --tasks sts
     sentemb export out/simcse/checkpoints/best.ckpt exported/
     sentemb data download --to data/      |   sentemb data check --data-dir ../shared/data
+    sentemb sweep experiments/sweeps/demo.yaml --runs 4        (W&B sweep file, run locally offline)
+    sentemb reproduce --method simcse --seeds 5                (mean ± std and best of N on 7 STS tasks)
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import json
 import os
 import sys
 from pathlib import Path
+from collections.abc import Sequence
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .data.datamodule import SentEmbDataModule
@@ -67,48 +70,56 @@ class SentEmbCLI(LightningCLI):
         self._resolve_best()
 
 
-def lightning_main(args: list[str] | None) -> None:
-    SentEmbCLI(
+def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -> SentEmbCLI:
+    """Run a LightningCLI subcommand; `callbacks` join the config's (`sentemb sweep` tracks its metric so)."""
+    return SentEmbCLI(
         SentEmbMethod,
         SentEmbDataModule,
         subclass_mode_model=True,
         parser_kwargs={"parser_mode": "omegaconf"},
-        trainer_defaults={"default_root_dir": "out"},
+        trainer_defaults={"default_root_dir": "out", "callbacks": list(callbacks)},
         args=args,
     )
 
 
 def evaluate_main(args: list[str]) -> None:
-    from .data.senteval import STS_TASKS, load_sts_task
-    from .evaluation.sts import evaluate_sts, format_table
+    from .evaluation.report import write_report
+    from .evaluation.sts import format_table
+    from .evaluation.suite import EVALUATORS, evaluate_suite, parse_evaluators
     from .loading import load_method
 
-    parser = argparse.ArgumentParser(prog="sentemb evaluate", description="Evaluate a checkpoint or a HF model folder.")
-    parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder or hub name; several allowed")
+    parser = argparse.ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
+    parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
     parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"],
                         help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler")
-    parser.add_argument("--tasks", default="sts", help="comma-separated: sts")
+    parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
     parser.add_argument("--data-dir", default=None, help="data directory (default $SENTEMB_DATA, else ./data)")
-    parser.add_argument("--output", default=None, help="JSON file for the results")
+    parser.add_argument("--output", default=None,
+                        help="FILE.json: the results as JSON; a folder: results.json + report.md + figures/")
     parser.add_argument("--aggregation", default="all", choices=["all", "wmean", "mean"], help="STS12–16 aggregation")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "32"])
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     options = parser.parse_args(args)
-    tasks = [t.strip() for t in options.tasks.split(",") if t.strip()]
-    unknown = set(tasks) - {"sts"}
-    if unknown:
-        parser.error(f"unknown task(s) {', '.join(sorted(unknown))}; available: sts")
-    sts_sets = [load_sts_task(name, options.data_dir) for name in STS_TASKS]
+    try:
+        evaluators = parse_evaluators(options.tasks)
+    except ValueError as error:
+        parser.error(str(error))
+    report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
     results = {}
     for model in options.model:
         method = load_method(model, options.pooler, eval_precision=options.precision).to(options.device)
-        encode = lambda sentences: method.encode(sentences, batch_size=options.batch_size)  # noqa: E731
-        results[model] = {"sts": evaluate_sts(encode, sts_sets, options.aggregation)}
-    print(format_table({model: r["sts"] for model, r in results.items()}))
-    if options.output:
-        single = next(iter(results.values())) if len(results) == 1 else results
-        _atomic_write_json(Path(options.output), single)
+        results[model] = evaluate_suite(
+            lambda sentences: method.encode(sentences, batch_size=options.batch_size), evaluators, options.data_dir,
+            (report_dir or Path(".")) / "figures", name=Path(model).stem, aggregation=options.aggregation,
+        )
+    if "sts" in evaluators:
+        print(format_table({model: r["sts"] for model, r in results.items()}))
+    if report_dir is not None:
+        written = write_report(results, report_dir)
+        print(f"report: {written['markdown']}")
+    elif options.output:
+        _atomic_write_json(Path(options.output), next(iter(results.values())) if len(results) == 1 else results)
 
 
 def export_main(args: list[str]) -> None:
@@ -154,7 +165,20 @@ def _atomic_write_json(path: Path, content: dict) -> None:
     os.replace(partial, path)
 
 
-TOOLS = {"evaluate": evaluate_main, "export": export_main, "data": data_main}
+def sweep_main(args: list[str]) -> None:
+    from .sweep import sweep_main as run
+
+    run(args)
+
+
+def reproduce_main(args: list[str]) -> None:
+    from .reproduce import reproduce_main as run
+
+    run(args)
+
+
+TOOLS = {"evaluate": evaluate_main, "export": export_main, "data": data_main, "sweep": sweep_main,
+         "reproduce": reproduce_main}
 
 
 def main(argv: list[str] | None = None) -> None:

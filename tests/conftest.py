@@ -109,7 +109,7 @@ def write_sts_fixture(root: Path, pairs_per_subset: int = 6) -> Path:
     stsb = sts / "STSBenchmark"
     stsb.mkdir(parents=True)
     for split in ("train", "dev", "test"):
-        rows = [pair(i) for i in range(12)]
+        rows = [pair(i) for i in range(60)]
         lines = [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{g}\t{a}\t{b}" + ("\textra\tcolumns" if i % 4 == 0 else "")
                  for i, (a, b, g) in enumerate(rows)]
         (stsb / f"sts-{split}.csv").write_text("\n".join(lines) + "\n")

@@ -138,3 +138,27 @@ def test_lightning_alias_runs_the_demo_config(shared_data, tmp_path, monkeypatch
           "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path),
           "--data.cache_dir", str(tmp_path / "cache"), "--data.max_train_examples", "512"])
     assert (tmp_path / "checkpoints" / "best.ckpt").exists()
+
+
+def test_evaluate_writes_a_report_folder_for_several_models(trained, tiny_bert, sts_fixture, tmp_path):
+    main(["evaluate", "--model", str(trained / "checkpoints" / "best.ckpt"), tiny_bert, "--pooler", "avg",
+          "--tasks", "sts,analysis", "--data-dir", str(sts_fixture), "--output", str(tmp_path / "report")])
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## STS" in report and report.count("| ") > 4
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert len(results) == 2 and all({"sts", "analysis", "frequent_tokens"} <= set(r) for r in results.values())
+    assert list((tmp_path / "report" / "figures").glob("*.png"))
+
+
+def test_evaluate_rejects_unknown_tasks(trained, capsys):
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--model", str(trained / "checkpoints" / "best.ckpt"), "--tasks", "sts,glue"])
+    assert "unknown evaluator(s) glue" in capsys.readouterr().err
+
+
+def test_test_time_evaluators_are_config(trained, tiny_bert, sts_fixture):
+    main(["test", *fit_args(tiny_bert, sts_fixture, trained), "--ckpt_path", "best",
+          "--data.test_tasks", "[STSBenchmark]", "--data.test_evaluators", "[analysis]"])
+    metrics = sorted((trained / "lightning_logs").glob("version_*/metrics.csv"))[-1].read_text()
+    assert "test/analysis/alignment" in metrics and "test/STSBenchmark" in metrics
+    assert list((trained / "figures").glob("test-step*/*.png"))

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from ..evaluation.suite import parse_evaluators
 from .corpus import tokenized_corpus
 from .paths import resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
@@ -62,6 +63,8 @@ class SentEmbDataModule(LightningDataModule):
         max_train_examples: use only the first N training examples (demos, tests).
         val_tasks / test_tasks: STS tasks by SentEval name, evaluated at validation / test.
         cache_dir: where tokenized corpora are cached (default `$SENTEMB_CACHE` or ~/.cache).
+        val_evaluators / test_evaluators: evaluators beyond STS run at each validation / at test
+            (`transfer`, `fewshot`, `cluster`, `analysis`); logged as `val/transfer/MR`, ... .
     """
 
     def __init__(
@@ -76,11 +79,15 @@ class SentEmbDataModule(LightningDataModule):
         val_tasks: Sequence[str] = DEV_TASKS,
         test_tasks: Sequence[str] = STS_TASKS,
         cache_dir: str | None = None,
+        val_evaluators: Sequence[str] = (),
+        test_evaluators: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.val_tasks = list(val_tasks)
         self.test_tasks = list(test_tasks)
+        self.val_evaluators = parse_evaluators(val_evaluators)
+        self.test_evaluators = parse_evaluators(test_evaluators)
         self.method = None
         self.train_dataset = None
 

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
 import numpy as np
 
 from lightning_sentemb.data.paths import require_file, resolve_data_dir
 
 TRANSFER_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
-
-# Tasks without a test split: SentEval scores them by 10-fold cross-validation.
-CROSS_VALIDATED_TASKS: tuple[str, ...] = ("MR", "CR", "SUBJ", "MPQA")
 
 # (file read as label 1, file read as label 0), as in SentEval's binary.py.
 BINARY_FILES: dict[str, tuple[str, str]] = {
@@ -131,9 +129,13 @@ def load_transfer_task(name: str, data_dir: str | os.PathLike | None = None) -> 
         folder = root / "SST" / "binary"
         return {split: read_sst_file(folder / f"sentiment-{split}") for split in ("train", "dev", "test")}
     if name == "TREC":
-        return {"train": read_trec_file(root / "TREC" / "train_5500.label"),
-                "test": read_trec_file(root / "TREC" / "TREC_10.label")}
+        return {
+            "train": read_trec_file(root / "TREC" / "train_5500.label"),
+            "test": read_trec_file(root / "TREC" / "TREC_10.label"),
+        }
     if name == "MRPC":
-        return {"train": read_mrpc_file(root / "MRPC" / "msr_paraphrase_train.txt"),
-                "test": read_mrpc_file(root / "MRPC" / "msr_paraphrase_test.txt")}
+        return {
+            "train": read_mrpc_file(root / "MRPC" / "msr_paraphrase_train.txt"),
+            "test": read_mrpc_file(root / "MRPC" / "msr_paraphrase_test.txt"),
+        }
     raise ValueError(f"unknown transfer task {name!r}; choose from {', '.join(TRANSFER_TASKS)}")

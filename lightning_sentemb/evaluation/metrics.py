@@ -42,7 +42,9 @@ def clustering_accuracy(labels_true: np.ndarray, labels_pred: np.ndarray) -> flo
     """Accuracy (%) after the best one-to-one mapping of clusters to classes (Hungarian)."""
     labels_true, labels_pred = np.asarray(labels_true), np.asarray(labels_pred)
     if labels_true.shape != labels_pred.shape or labels_true.ndim != 1 or labels_true.size == 0:
-        raise ValueError(f"need two equal-length non-empty label vectors, got {labels_true.shape} and {labels_pred.shape}")
+        raise ValueError(
+            f"need two equal-length non-empty label vectors, got {labels_true.shape} and {labels_pred.shape}"
+        )
     _, true_ids = np.unique(labels_true, return_inverse=True)
     _, pred_ids = np.unique(labels_pred, return_inverse=True)
     counts = np.zeros((pred_ids.max() + 1, true_ids.max() + 1), dtype=np.int64)

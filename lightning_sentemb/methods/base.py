@@ -20,6 +20,7 @@ from transformers import get_linear_schedule_with_warmup
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..encoders.plain import Encoder
 from ..evaluation.sts import StsSpearman, format_table
+from ..evaluation.suite import evaluate_suite, headline_scores
 from ..export import write_plain_export
 from ..losses.mlm import mask_tokens, mlm_loss
 
@@ -131,7 +132,8 @@ class SentEmbMethod(LightningModule):
             logits = self.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"])
             logs["mlm_loss"] = mlm_loss(logits, mlm["labels"])
             loss = loss + self.mlm_weight_at(self.global_step) * logs["mlm_loss"]
-        batch_size = batch["features"]["input_ids"].size(0) // batch["num_views"]
+        # collate may give "batch_size" when its features hold extra rows (e.g. template-bias rows)
+        batch_size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=batch_size)
         return loss
@@ -147,32 +149,36 @@ class SentEmbMethod(LightningModule):
     # ----- encoding ---------------------------------------------------------------------
     def sentence_features(self, sentences: list[str]) -> dict[str, Tensor]:
         """Model inputs for raw sentences at evaluation (method's format, evaluation truncation)."""
-        max_length = self.hparams.eval_max_length or self.encoder.max_length
-        fmt = self.encoder.format
-        return fmt.build(fmt.sentence_ids(sentences), max_length)
+        return self.features_from_ids(self.encoder.format.sentence_ids(sentences))
+
+    def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
+        return self.encoder.format.build(sentence_ids, self.hparams.eval_max_length or self.encoder.max_length)
 
     def encode_batch(self, sentences: list[str]) -> Tensor:
-        features = {k: v.to(self.device) for k, v in self.sentence_features(sentences).items()}
-        return self.embed(features)
+        return self.embed_features(self.sentence_features(sentences))
+
+    def embed_features(self, features: dict[str, Tensor]) -> Tensor:
+        return self.embed({k: v.to(self.device, non_blocking=True) for k, v in features.items()})
 
     @torch.inference_mode()
     def encode(self, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None) -> Tensor:
         """(n, hidden) float32 embeddings on CPU, in the input order.
 
-        Sorted by length so each batch pads little; evaluation mode, no gradient, autocast per
-        `eval_precision`. Every evaluator calls this.
+        Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient,
+        autocast per `eval_precision`. Every evaluator calls this.
         """
         batch_size = batch_size or self.hparams.eval_batch_size
         was_training = self.training
         self.eval()
-        lengths = [len(ids) for ids in self.encoder.format.sentence_ids(sentences)]
-        order = np.argsort(lengths, kind="stable")[::-1]
+        sentence_ids = self.encoder.format.sentence_ids(sentences)
+        order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
         out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
         with autocast_for(self.device, self.hparams.eval_precision):
             for start in tqdm(range(0, len(sentences), batch_size), desc="encode", disable=not show):
                 rows = order[start : start + batch_size]
-                out[torch.as_tensor(rows.copy())] = self.encode_batch([sentences[i] for i in rows]).float().cpu()
+                features = self.features_from_ids([sentence_ids[i] for i in rows])
+                out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()
         self.train(was_training)
         return out
 
@@ -208,15 +214,32 @@ class SentEmbMethod(LightningModule):
         datamodule = self.trainer.datamodule
         return list(datamodule.val_tasks if stage == "val" else datamodule.test_tasks)
 
+    def _run_extra_evaluators(self, stage: str) -> None:
+        """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`):
+        run on rank 0 with `encode`, logged straight to the loggers, other ranks wait."""
+        datamodule = self.trainer.datamodule
+        names = list(getattr(datamodule, f"{stage}_evaluators", ()))
+        if not names:
+            return
+        if self.trainer.is_global_zero:
+            figures = Path(self.trainer.default_root_dir) / "figures" / f"{stage}-step{self.global_step}"
+            results = evaluate_suite(self.encode, names, datamodule.data_dir, figures, name=type(self).__name__)
+            metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=self.global_step)
+        self.trainer.strategy.barrier()
+
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
             self._log_sts("val", self._stage_tasks("val"))
+            self._run_extra_evaluators("val")
         else:
             for metric in self.sts_metrics.values():
                 metric.reset()
 
     def on_test_epoch_end(self) -> None:
         self.test_results = self._log_sts("test", self._stage_tasks("test"))
+        self._run_extra_evaluators("test")
         if self.trainer.is_global_zero:
             print("\n" + format_table({type(self).__name__: self.test_results}), flush=True)
 

@@ -1,0 +1,392 @@
+"""JSON + Markdown report of several models side by side, laid out like the papers' tables.
+
+``results`` maps a model name to the outputs of the evaluation functions, under these keys
+(each optional; any other key is kept in the JSON only)::
+
+    "transfer":        evaluate_transfer(...)        -> ConPVP Table 5 / ClusterNS Table 8, few-shot
+    "clustering":      evaluate_clustering(...)      -> ConPVP Table 6 / ClusterNS Tables 5-6
+    "analysis":        analyze_sts_pairs(...)        -> alignment/uniformity, cosine buckets, t-SNE
+    "frequent_tokens": frequent_token_removal(...)   -> ConPVP Fig. 5
+
+Every file is written to a temporary name in its directory and renamed into place, so an
+interrupted run never leaves a half-written report behind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .sts import format_table
+
+# (result key, column header) in the papers' order.
+TRANSFER_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("MR", "MR"),
+    ("CR", "CR"),
+    ("SUBJ", "SUBJ"),
+    ("MPQA", "MPQA"),
+    ("SST2", "SST"),
+    ("TREC", "TREC"),
+    ("MRPC", "MRPC"),
+)
+SHORT_TEXT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("AgNews", "AG"),
+    ("Biomedical", "Bio"),
+    ("GoogleNews-S", "G-S"),
+    ("GoogleNews-T", "G-T"),
+    ("GoogleNews-TS", "G-TS"),
+    ("SearchSnippets", "SS"),
+    ("StackOverflow", "SO"),
+    ("Tweet", "Tweet"),
+)
+OTHER_CLUSTERING_COLUMNS: tuple[tuple[str, str], ...] = (("DBpedia", "DBpedia"), ("AgNewsFull", "AG News full"))
+MISSING = "–"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
+    """Render a matplotlib figure to PNG (Agg, no pyplot state) and write it atomically."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    raise TypeError(f"report results contain a {type(value).__name__}, which JSON cannot store: {value!r}")
+
+
+def safe_filename(name: str) -> str:
+    """``name`` reduced to characters that are safe in a file name (model names may hold '/')."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _score_table(
+    results: dict[str, dict],
+    section: str,
+    columns: Sequence[tuple[str, str]],
+    cell: Callable[[dict], float | str],
+    digits: int = 2,
+    average: bool = True,
+) -> str:
+    """Models as rows, tasks as columns; Avg. only for models that have every column."""
+    header = ["Model", *(title for _, title in columns)] + (["Avg."] if average else [])
+    rows = []
+    for model, result in results.items():
+        tasks = result.get(section, {})
+        values = [cell(tasks[key]) if key in tasks else None for key, _ in columns]
+        row = [model] + [MISSING if v is None else v if isinstance(v, str) else f"{v:.{digits}f}" for v in values]
+        if average:
+            numbers = [v for v in values if isinstance(v, float | int)]
+            row.append(f"{np.mean(numbers):.{digits}f}" if len(numbers) == len(columns) else MISSING)
+        rows.append(row)
+    return _table(header, rows)
+
+
+def _present(results: dict[str, dict], section: str, columns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The columns some model has results for."""
+    return [(key, title) for key, title in columns if any(key in r.get(section, {}) for r in results.values())]
+
+
+def _few_shot_figure(results: dict[str, dict], columns: Sequence[tuple[str, str]], path: Path) -> Path:
+    """One box per model for each task's per-seed accuracies (ConPVP Fig. 7 shows violins)."""
+    fig = Figure(figsize=(2.2 * len(columns) + 1, 3.5))
+    for i, (key, title) in enumerate(columns):
+        ax = fig.add_subplot(1, len(columns), i + 1)
+        names = [m for m, r in results.items() if "few_shot" in r.get("transfer", {}).get(key, {})]
+        ax.boxplot([results[m]["transfer"][key]["few_shot"]["accs"] for m in names], positions=range(len(names)))
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_title(title)
+    fig.supylabel("accuracy (%)")
+    return save_figure(fig, path)
+
+
+def _alignment_uniformity_figure(results: dict[str, dict], path: Path) -> Path:
+    """ClusterNS Fig. 6: uniformity on x, alignment on y, lower-left is better."""
+    fig = Figure(figsize=(4.5, 4))
+    ax = fig.add_subplot()
+    for model, result in results.items():
+        if "alignment" in result.get("analysis", {}):
+            x, y = result["analysis"]["uniformity"], result["analysis"]["alignment"]
+            ax.scatter([x], [y])
+            ax.annotate(model, (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("uniformity")
+    ax.set_ylabel("alignment")
+    return save_figure(fig, path)
+
+
+def _frequent_tokens_figure(results: dict[str, dict], path: Path) -> Path:
+    fig = Figure(figsize=(4.5, 3.5))
+    ax = fig.add_subplot()
+    for model, result in results.items():
+        if "frequent_tokens" in result:
+            ax.plot(result["frequent_tokens"]["ks"], result["frequent_tokens"]["scores"], marker="o", label=model)
+    ax.set_xlabel("most frequent tokens removed (k)")
+    ax.set_ylabel("average STS")
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def _copy_figure(source: str | os.PathLike, destination: Path) -> Path:
+    source = Path(source)
+    if not source.is_file():
+        raise FileNotFoundError(f"figure {source} listed in the results does not exist")
+    if source.resolve() == destination.resolve():
+        return destination
+    return atomic_write_bytes(destination, source.read_bytes())
+
+
+def _link(title: str, path: Path, out_dir: Path) -> str:
+    return f"![{title}]({path.relative_to(out_dir).as_posix()})"
+
+
+def _sts_section(results: dict[str, dict]) -> list[str]:
+    rows = {model: r["sts"] for model, r in results.items() if "sts" in r}
+    if not rows:
+        return []
+    return ["## STS", "", "Spearman ×100 of cosine similarities; STS12–16 with SentEval's 'all' aggregation.", "",
+            format_table(rows), ""]
+
+
+def _transfer_section(results: dict[str, dict], out_dir: Path, written: dict[str, Path]) -> list[str]:
+    columns = _present(results, "transfer", TRANSFER_COLUMNS)
+    if not columns:
+        return []
+    lines = [
+        "## Transfer tasks",
+        "",
+        (
+            "Accuracy (%) of logistic regression on frozen embeddings, SentEval protocol "
+            "(ConPVP Table 5, ClusterNS Table 8); Avg. over all seven tasks."
+        ),
+        "",
+        _score_table(results, "transfer", TRANSFER_COLUMNS, lambda r: r["acc"]),
+        "",
+    ]
+    few_shot = [
+        (key, title)
+        for key, title in columns
+        if any("few_shot" in r.get("transfer", {}).get(key, {}) for r in results.values())
+    ]
+    if few_shot:
+        shots = sorted(
+            {
+                r["transfer"][key]["few_shot"]["shots"]
+                for r in results.values()
+                for key, _ in few_shot
+                if "few_shot" in r.get("transfer", {}).get(key, {})
+            }
+        )
+        lines += [
+            "### Few-shot transfer",
+            "",
+            (
+                f"{'/'.join(map(str, shots))} labelled examples per class, accuracy (%) mean ± std over seeds "
+                "(ConPVP Fig. 7)."
+            ),
+            "",
+            _score_table(
+                results,
+                "transfer",
+                few_shot,
+                average=False,
+                cell=lambda r: (
+                    f"{r['few_shot']['mean']:.2f} ± {r['few_shot']['std']:.2f}" if "few_shot" in r else MISSING
+                ),
+            ),
+            "",
+        ]
+        written["few_shot"] = _few_shot_figure(results, few_shot, out_dir / "figures" / "few_shot.png")
+        lines += [_link("few-shot accuracy", written["few_shot"], out_dir), ""]
+    return lines
+
+
+def _clustering_section(results: dict[str, dict]) -> list[str]:
+    lines = []
+    if _present(results, "clustering", SHORT_TEXT_COLUMNS):
+        lines += [
+            "## Short-text clustering",
+            "",
+            (
+                "K-means with K = number of classes, averaged over runs (ConPVP Table 6, ClusterNS Table 6); "
+                "Avg. over all eight data sets."
+            ),
+            "",
+            "Accuracy (%):",
+            "",
+            _score_table(results, "clustering", SHORT_TEXT_COLUMNS, lambda r: r["acc"]),
+            "",
+            "NMI:",
+            "",
+            _score_table(results, "clustering", SHORT_TEXT_COLUMNS, lambda r: r["nmi"], digits=4),
+            "",
+        ]
+    other = _present(results, "clustering", OTHER_CLUSTERING_COLUMNS)
+    if other:
+        columns = [
+            (key, f"{title} {metric.upper()}", metric) for key, title in other for metric in ("acc", "nmi", "ami")
+        ]
+        rows = []
+        for model, result in results.items():
+            tasks = result.get("clustering", {})
+            rows.append(
+                [model]
+                + [
+                    f"{tasks[key][metric]:.{2 if metric == 'acc' else 4}f}" if key in tasks else MISSING
+                    for key, _, metric in columns
+                ]
+            )
+        lines += [
+            "### DBpedia and AG News",
+            "",
+            "K-means as above; ClusterNS Table 5 reports the DBpedia AMI.",
+            "",
+            _table(["Model", *(title for _, title, _ in columns)], rows),
+            "",
+        ]
+    return lines
+
+
+def _analysis_section(results: dict[str, dict], out_dir: Path, written: dict[str, Path]) -> list[str]:
+    analysed = {model: r["analysis"] for model, r in results.items() if "analysis" in r}
+    if not analysed:
+        return []
+    lines = [
+        "## Alignment and uniformity",
+        "",
+        (
+            "Wang & Isola metrics on STS pairs, positives = gold score above the threshold (ClusterNS Fig. 6); "
+            "lower is better."
+        ),
+        "",
+        _table(
+            ["Model", "alignment", "uniformity", "positive pairs", "sentences"],
+            [
+                [
+                    model,
+                    f"{a['alignment']:.4f}",
+                    f"{a['uniformity']:.4f}",
+                    str(a["n_positive_pairs"]),
+                    str(a["n_sentences"]),
+                ]
+                for model, a in analysed.items()
+            ],
+        ),
+        "",
+    ]
+    written["alignment_uniformity"] = _alignment_uniformity_figure(
+        results, out_dir / "figures" / "alignment_uniformity.png"
+    )
+    lines += [_link("alignment and uniformity", written["alignment_uniformity"], out_dir), ""]
+    ranges = [bucket["range"] for bucket in next(iter(analysed.values()))["cosine_buckets"]]
+    lines += [
+        "## Predicted cosine per gold-score bucket",
+        "",
+        "Mean predicted cosine (ConPVP Fig. 4).",
+        "",
+        _table(
+            ["Model", *ranges],
+            [
+                [model, *(f"{b['mean']:.4f}" if b["n"] else MISSING for b in a["cosine_buckets"])]
+                for model, a in analysed.items()
+            ],
+        ),
+        "",
+    ]
+    kinds = list(dict.fromkeys(kind for a in analysed.values() for kind in a.get("figures", {})))
+    if kinds:
+        rows = []
+        for model, analysis in analysed.items():
+            row = [model]
+            for kind in kinds:
+                if kind not in analysis.get("figures", {}):
+                    row.append(MISSING)
+                    continue
+                key = f"{safe_filename(model)}_{kind}"
+                written[key] = _copy_figure(analysis["figures"][kind], out_dir / "figures" / f"{key}.png")
+                row.append(_link(f"{model} {kind}", written[key], out_dir))
+            rows.append(row)
+        lines += [
+            "Per-model figures (ConPVP Figs. 4 and 6):",
+            "",
+            _table(["Model", *(kind.replace("_", " ") for kind in kinds)], rows),
+            "",
+        ]
+    return lines
+
+
+def _frequent_tokens_section(results: dict[str, dict], out_dir: Path, written: dict[str, Path]) -> list[str]:
+    removal = {
+        model: dict(zip(r["frequent_tokens"]["ks"], r["frequent_tokens"]["scores"]))
+        for model, r in results.items()
+        if "frequent_tokens" in r
+    }
+    if not removal:
+        return []
+    ks = sorted({k for scores in removal.values() for k in scores})
+    rows = [[model, *(f"{scores[k]:.2f}" if k in scores else MISSING for k in ks)] for model, scores in removal.items()]
+    written["frequent_tokens"] = _frequent_tokens_figure(results, out_dir / "figures" / "frequent_tokens.png")
+    return [
+        "## Removing the most frequent tokens",
+        "",
+        (
+            "Average STS (as `sts_score` returns it) with the k most frequent tokens removed from the text "
+            "(ConPVP Fig. 5)."
+        ),
+        "",
+        _table(["Model", *(f"k={k}" for k in ks)], rows),
+        "",
+        _link("frequent-token removal", written["frequent_tokens"], out_dir),
+        "",
+    ]
+
+
+def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``results.json``, ``report.md`` and ``figures/*.png`` into ``out_dir``; return their paths."""
+    if not results:
+        raise ValueError("write_report needs results for at least one model")
+    results_json = json.dumps(results, indent=2, default=_json_default).encode("utf-8")  # fail before writing
+    out_dir = Path(out_dir)
+    written: dict[str, Path] = {}
+    lines = ["# Evaluation report", "", f"Models: {', '.join(results)}.", ""]
+    lines += _sts_section(results)
+    lines += _transfer_section(results, out_dir, written)
+    lines += _clustering_section(results)
+    lines += _analysis_section(results, out_dir, written)
+    lines += _frequent_tokens_section(results, out_dir, written)
+    written["json"] = atomic_write_bytes(out_dir / "results.json", results_json)
+    written["markdown"] = atomic_write_bytes(out_dir / "report.md", "\n".join(lines).encode("utf-8"))
+    return written

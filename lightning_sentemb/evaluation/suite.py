@@ -1,0 +1,80 @@
+"""One entry point for every evaluator, shared by `sentemb evaluate` and the test-time hook."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.senteval import STS_TASKS, load_sts_task
+from .sts import evaluate_sts
+
+EVALUATORS = ("sts", "transfer", "fewshot", "cluster", "analysis")
+
+
+def parse_evaluators(spec: str | Sequence[str]) -> list[str]:
+    """`"sts,transfer"` or a list → validated evaluator names, in the given order."""
+    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
+    unknown = [n for n in names if n not in EVALUATORS]
+    if unknown:
+        raise ValueError(f"unknown evaluator(s) {', '.join(unknown)}; choose from {', '.join(EVALUATORS)}")
+    return names
+
+
+def evaluate_suite(
+    encode: Callable[[list[str]], torch.Tensor],
+    evaluators: Sequence[str],
+    data_dir: str | os.PathLike | None = None,
+    figure_dir: str | os.PathLike = "figures",
+    name: str = "model",
+    aggregation: str = "all",
+) -> dict[str, dict]:
+    """Run the named evaluators with one `encode`; keys: sts, transfer, clustering, analysis, frequent_tokens.
+
+    `fewshot` adds ConPVP's 16-shot runs to the transfer results (and implies `transfer`).
+    """
+    from .analysis import analyze_sts_pairs, frequent_token_removal
+    from .clustering import evaluate_clustering
+    from .transfer import evaluate_transfer
+
+    def encode_numpy(sentences: list[str]) -> np.ndarray:
+        return encode(list(sentences)).float().cpu().numpy()
+
+    evaluators = parse_evaluators(evaluators)
+    results: dict[str, dict] = {}
+    if "sts" in evaluators:
+        results["sts"] = evaluate_sts(encode, [load_sts_task(t, data_dir) for t in STS_TASKS], aggregation)
+    if "transfer" in evaluators or "fewshot" in evaluators:
+        results["transfer"] = evaluate_transfer(encode_numpy, data_dir, few_shot="fewshot" in evaluators)
+    if "cluster" in evaluators:
+        results["clustering"] = evaluate_clustering(encode_numpy, data_dir)
+    if "analysis" in evaluators:
+        stsb = load_sts_task("STSBenchmark", data_dir)
+        results["analysis"] = analyze_sts_pairs(encode_numpy, stsb.first, stsb.second, stsb.gold, Path(figure_dir),
+                                                name=name)
+        sts_tasks = [load_sts_task(t, data_dir) for t in STS_TASKS]
+        results["frequent_tokens"] = frequent_token_removal(
+            encode_numpy, lambda enc: evaluate_sts(lambda s: torch.as_tensor(enc(s)), sts_tasks, aggregation)["avg"],
+            stsb.first + stsb.second,
+        )
+    return results
+
+
+def headline_scores(results: dict[str, dict]) -> dict[str, float]:
+    """The numbers worth logging as metrics: transfer accuracy, few-shot mean, clustering ACC/NMI,
+    alignment/uniformity and STS (flat `family/task` keys)."""
+    scores: dict[str, float] = {f"sts/{k}": v for k, v in results.get("sts", {}).items()}
+    for task, r in results.get("transfer", {}).items():
+        scores[f"transfer/{task}"] = r["acc"]
+        if "few_shot" in r:
+            scores[f"fewshot/{task}"] = r["few_shot"]["mean"]
+    for task, r in results.get("clustering", {}).items():
+        scores[f"cluster/{task}/acc"] = r["acc"]
+        scores[f"cluster/{task}/nmi"] = r["nmi"]
+    for key in ("alignment", "uniformity"):
+        if key in results.get("analysis", {}):
+            scores[f"analysis/{key}"] = results["analysis"][key]
+    return scores

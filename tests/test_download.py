@@ -1,0 +1,55 @@
+import io
+import tarfile
+
+import pytest
+
+from lightning_sentemb.data.download import check_data_dir, download
+from lightning_sentemb.data.senteval import load_sts_task
+
+from .conftest import write_sts_fixture
+
+
+def fake_hub(tmp_path_factory):
+    """Stands in for hf_hub_download: serves senteval.tar (nested as SimCSE's is) and the corpora."""
+    source = write_sts_fixture(tmp_path_factory.mktemp("source"))
+
+    def hf_hub_download(repo_id, filename, repo_type, local_dir):
+        assert (repo_id, repo_type) == ("princeton-nlp/datasets-for-simcse", "dataset")
+        target = f"{local_dir}/{filename}"
+        if filename == "senteval.tar":
+            with tarfile.open(target, "w") as archive:
+                archive.add(source / "senteval" / "downstream", arcname="SentEval/data/downstream")
+        else:
+            with open(target, "w") as handle:
+                handle.write("sent0,sent1,hard_neg\na,b,c\n" if filename.endswith(".csv") else "a sentence\n")
+        return target
+
+    return hf_hub_download
+
+
+def test_download_lays_out_the_data_dir(tmp_path, tmp_path_factory, monkeypatch, capsys):
+    monkeypatch.setattr("huggingface_hub.hf_hub_download", fake_hub(tmp_path_factory))
+    download(tmp_path / "data", ["senteval", "wiki1m", "nli"])
+    assert len(load_sts_task("STSBenchmark", tmp_path / "data")) == 60
+    assert (tmp_path / "data" / "corpora" / "nli_for_simcse.csv").read_text().startswith("sent0")
+    assert check_data_dir(tmp_path / "data") == []
+    assert not [p for p in (tmp_path / "data").rglob("tmp*")]
+    download(tmp_path / "data", ["wiki1m"])
+    assert "exists; skipped" in capsys.readouterr().out
+
+
+def test_check_reports_missing_files_with_the_fetch_command(tmp_path, capsys):
+    missing = check_data_dir(tmp_path)
+    assert "corpora/nli_for_simcse.csv" in missing
+    assert f"sentemb data download --to {tmp_path}" in capsys.readouterr().out
+
+
+def test_unknown_item_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown data item"):
+        download(tmp_path, ["glue"])
+
+
+def test_real_mirror_has_senteval_counts(shared_data):
+    expected = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186,
+                "STSBenchmark": 1379, "SICKRelatedness": 4927, "STSBenchmark-dev": 1500, "SICKRelatedness-dev": 500}
+    assert {name: len(load_sts_task(name, shared_data)) for name in expected} == expected
