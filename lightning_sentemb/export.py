@@ -51,21 +51,32 @@ def write_plain_export(method: SentEmbMethod, folder: Path) -> None:
     use_mlp = method.mlp is not None and method.hparams.mlp == "always"
     if use_mlp and getattr(backbone, "pooler", None) is not None:
         backbone.pooler.dense.load_state_dict(method.mlp[0].state_dict())
-    layer_weights = _layer_weights(method)
-    backbone.config.output_hidden_states = layer_weights is not None
+    backbone.config.output_hidden_states = _layer_weights(method) is not None
     backbone.save_pretrained(folder)
     method.tokenizer.save_pretrained(folder)
-    hidden = method.encoder.hidden_size
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
     _write_json(folder / "sentence_bert_config.json", {"max_seq_length": method.encoder.max_length, "do_lower_case": False})
+    write_pooling_modules(method, folder, modules)
+
+
+def write_pooling_modules(method: SentEmbMethod, folder: Path, modules: list[dict]) -> None:
+    """Append the sentence-transformers modules of the method's pooler (WeightedLayerPooling, Pooling,
+    and the evaluation-time MLP as Dense) after the token-embedding module(s) in `modules`, then write
+    modules.json. Shared by every export whose first module yields sentence-only token embeddings."""
+    pooler = method.hparams.pooler
+    if pooler not in ST_POOLING:
+        raise ValueError(f"{type(method).__name__} with pooler {pooler!r} needs its own export")
+    hidden = method.encoder.hidden_size
+    use_mlp = method.mlp is not None and method.hparams.mlp == "always"
+    layer_weights = _layer_weights(method)
     if layer_weights is not None:
         start, weights = layer_weights
-        modules.append({"idx": 1, "name": "1", "path": "1_WeightedLayerPooling",
+        path = f"{len(modules)}_WeightedLayerPooling"
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
                         "type": "sentence_transformers.models.WeightedLayerPooling"})
-        _write_json(folder / "1_WeightedLayerPooling" / "config.json",
+        _write_json(folder / path / "config.json",
                     {"word_embedding_dimension": hidden, "layer_start": start, "num_hidden_layers": start + len(weights) - 1})
-        save_file({"layer_weights": torch.tensor(weights)},
-                  str(folder / "1_WeightedLayerPooling" / "model.safetensors"))
+        save_file({"layer_weights": torch.tensor(weights)}, str(folder / path / "model.safetensors"))
     path = f"{len(modules)}_Pooling"
     modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Pooling"})
     _write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})

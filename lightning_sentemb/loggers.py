@@ -8,8 +8,10 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 
 
 def wandb_configured() -> bool:
-    """W&B goes online only when the user asked for it (WANDB_MODE=online or an API key)."""
-    return os.environ.get("WANDB_MODE") == "online" or bool(os.environ.get("WANDB_API_KEY"))
+    """W&B goes online only when the user asked for it (WANDB_MODE=online, an API key, or a run
+    started by `wandb agent`, which sets WANDB_SWEEP_ID and reads its results from the server)."""
+    return (os.environ.get("WANDB_MODE") == "online" or bool(os.environ.get("WANDB_API_KEY"))
+            or bool(os.environ.get("WANDB_SWEEP_ID")))
 
 
 def default_loggers(save_dir: str) -> list[Logger]:

@@ -146,6 +146,11 @@ class Encoder(nn.Module):
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
+        # The backbone's own pooler (BERT/RoBERTa's Linear+Tanh over [CLS]) feeds none of the poolers
+        # here, so it never gets a gradient: frozen, else DDP stops on unused parameters. (Kept, not
+        # dropped: `load_method(pooler="cls")` and the export read and write its weights.)
+        if getattr(self.backbone, "pooler", None) is not None:
+            self.backbone.pooler.requires_grad_(False)
         self.format = PlainFormat(self.tokenizer)
 
     @property

@@ -1,0 +1,195 @@
+"""Prompt input formats: discrete templates (PromptBERT), continuous prompt slots (ConPVP), and
+template denoising.
+
+A template is text with one `[X]` (the sentence), one `[MASK]` (the tokenizer's mask token; RoBERTa's
+`<mask>` may be written as is) and optionally `[P]` slots, each a learnable vector in the
+input-embedding space. The sentence embedding is the last hidden state at the mask token.
+
+Tokenization: the text around `[X]` and `[P]` is tokenized on its own, as the tokenizer would
+tokenize it inside the full string (whitespace-only pieces are dropped). The sentence comes from the
+cached ids tokenized without special tokens, i.e. as if it began the text: with byte-level BPE
+(RoBERTa) write the sentence glued to the text before it (`'[X]'`, not `' [X] '`), so its first word
+is tokenized the same way inside the template.
+
+Denoising (PromptBERT §5): the [MASK] state of the template with an empty sentence, whose
+post-sentence position ids are shifted by the sentence's token length, is subtracted — one bias per
+(template, length). The bias rows ride in the same forward pass as the sentences. Position ids are
+those the backbone itself would give the full row (BERT counts from 0, RoBERTa-style embeddings from
+`padding_idx + 1`); the PromptBERT reference passes positions from 0 to RoBERTa as well, an offset
+of two we do not copy.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .plain import Encoder, PlainFormat, pad_rows
+
+MARKERS = re.compile(r"(\[X\]|\[P\])")
+
+
+@dataclass(frozen=True)
+class Template:
+    """Token ids before and after the sentence (special tokens included) and, for each of those
+    tokens, its prompt slot (-1 for an ordinary token)."""
+
+    text: str
+    prefix: list[int]
+    suffix: list[int]
+    prefix_slots: list[int]
+    suffix_slots: list[int]
+
+    def __len__(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+
+def position_offset(backbone: PreTrainedModel) -> int:
+    """First position id the backbone gives a sequence: `padding_idx + 1` for RoBERTa-style
+    embeddings (which keep a `padding_idx`), 0 for BERT."""
+    padding_idx = getattr(backbone.embeddings, "padding_idx", None)
+    return 0 if padding_idx is None else padding_idx + 1
+
+
+class TemplateFormat(PlainFormat):
+    """Sentences wrapped in templates, with explicit position ids (and bias rows when denoising).
+
+    The template is never truncated, only the sentence. `num_special_tokens` is 0: the DataModule's
+    `max_seq_len` is the sentence's own budget and the template (special tokens included) comes on
+    top, as in the PromptBERT reference (which cuts the sentence to max_seq_length tokens).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, templates: Sequence[str], first_position: int = 0) -> None:
+        super().__init__(tokenizer)
+        if tokenizer.mask_token_id is None or tokenizer.unk_token_id is None:
+            raise ValueError("prompt templates need a tokenizer with a mask token and an unknown token")
+        self.mask_id: int = tokenizer.mask_token_id
+        self.unk_id: int = tokenizer.unk_token_id
+        self.first_position = first_position
+        self.templates = [self.parse(text) for text in templates]
+        if not self.templates:
+            raise ValueError("give at least one template")
+        self.num_prompt_slots = max(max(t.prefix_slots + t.suffix_slots) + 1 for t in self.templates)
+
+    @property
+    def num_special_tokens(self) -> int:
+        return 0
+
+    def parse(self, text: str) -> Template:
+        """Token ids of a template string; `[P]` slots hold the unknown token as a placeholder."""
+        pieces = MARKERS.split(text.replace("[MASK]", self.tokenizer.mask_token))
+        if pieces.count("[X]") != 1:
+            raise ValueError(f"template {text!r} must contain [X] exactly once")
+        parts: list[tuple[list[int], list[int]]] = [(list(self.prefix_ids), [-1] * len(self.prefix_ids)), ([], [])]
+        side, slot = 0, 0
+        for piece in pieces:
+            ids, slots = parts[side]
+            if piece == "[X]":
+                side = 1
+            elif piece == "[P]":
+                ids.append(self.unk_id)
+                slots.append(slot)
+                slot += 1
+            elif piece.strip():
+                tokens = self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+                ids.extend(tokens)
+                slots.extend([-1] * len(tokens))
+        parts[1][0].extend(self.suffix_ids)
+        parts[1][1].extend([-1] * len(self.suffix_ids))
+        (prefix, prefix_slots), (suffix, suffix_slots) = parts
+        if (prefix + suffix).count(self.mask_id) != 1:
+            raise ValueError(f"template {text!r} must contain the mask token exactly once")
+        return Template(text, prefix, suffix, prefix_slots, suffix_slots)
+
+    def sentence_part(self, ids: list[int], max_length: int | None, template: Template) -> list[int]:
+        """The sentence cut so the row fits max_length; mask tokens inside it become the unknown
+        token, so every row has exactly one mask."""
+        if max_length is not None:
+            ids = ids[: max(max_length - len(template), 0)]
+        return [self.unk_id if i == self.mask_id else i for i in ids]
+
+    def wrap(self, ids: list[int], max_length: int | None, template: int = 0) -> list[int]:
+        """One row: the sentence inside template `template`."""
+        t = self.templates[template]
+        return t.prefix + self.sentence_part(ids, max_length, t) + t.suffix
+
+    def build(
+        self,
+        sentence_ids: list[list[int]],
+        max_length: int | None,
+        templates: Sequence[int] | None = None,
+        denoise: bool = False,
+    ) -> dict[str, Tensor]:
+        """Padded model inputs: `input_ids`, `attention_mask`, `position_ids`, `prompt_slots` (when
+        a template has [P] slots) and, with `denoise`, `bias_index`.
+
+        `templates[i]` is the template index of row i (default 0). With `denoise`, one bias row per
+        distinct (template, sentence length) follows the sentence rows, and `bias_index[i]` is the
+        bias row of sentence i, counted from the first bias row.
+        """
+        templates = [0] * len(sentence_ids) if templates is None else list(templates)
+        rows, slots, positions, index = [], [], [], []
+        bias_rows: dict[tuple[int, int], int] = {}
+        first = self.first_position
+        for ids, which in zip(sentence_ids, templates, strict=True):
+            t = self.templates[which]
+            sentence = self.sentence_part(ids, max_length, t)
+            rows.append(t.prefix + sentence + t.suffix)
+            slots.append(t.prefix_slots + [-1] * len(sentence) + t.suffix_slots)
+            positions.append(list(range(first, first + len(rows[-1]))))
+            if denoise:
+                index.append(bias_rows.setdefault((which, len(sentence)), len(bias_rows)))
+        for which, length in bias_rows:
+            t = self.templates[which]
+            rows.append(t.prefix + t.suffix)
+            slots.append(t.prefix_slots + t.suffix_slots)
+            after = first + len(t.prefix) + length
+            positions.append(list(range(first, first + len(t.prefix))) + list(range(after, after + len(t.suffix))))
+        features = pad_rows(rows, self.pad_id)
+        features["position_ids"] = pad_rows(positions, 0)["input_ids"]
+        if self.num_prompt_slots:
+            features["prompt_slots"] = pad_rows(slots, -1)["input_ids"]
+        if denoise:
+            features["bias_index"] = torch.tensor(index, dtype=torch.long)
+        return features
+
+
+class TemplateEncoder(Encoder):
+    """Backbone whose sentence vector is the (optionally denoised) [MASK] state of a template.
+
+    Templates with `[P]` slots get `prompt`, one learnable input-embedding vector per slot number
+    (shared by every template), initialized like the backbone's embeddings (normal, std
+    `initializer_range`).
+    """
+
+    def __init__(self, backbone: str, templates: Sequence[str]) -> None:
+        super().__init__(backbone, pooler="mask")
+        self.format = TemplateFormat(self.tokenizer, templates, position_offset(self.backbone))
+        self.prompt: nn.Parameter | None = None
+        if self.format.num_prompt_slots:
+            std = self.backbone.config.initializer_range
+            self.prompt = nn.Parameter(torch.randn(self.format.num_prompt_slots, self.hidden_size) * std)
+
+    def run_backbone(self, features: dict[str, Tensor]) -> Any:
+        inputs: dict[str, Tensor] = {"input_ids": features["input_ids"]}
+        if self.prompt is not None:
+            embeddings = self.backbone.get_input_embeddings()(features["input_ids"])
+            slots = features["prompt_slots"]
+            prompt = self.prompt.to(embeddings.dtype)[slots.clamp_min(0)]
+            inputs = {"inputs_embeds": torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)}
+        return self.backbone(**inputs, attention_mask=features["attention_mask"], position_ids=features["position_ids"])
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        """(sentences, hidden): the mask state of each sentence row, minus its bias row's when the
+        features carry `bias_index`."""
+        states = super().forward(features)
+        if "bias_index" not in features:
+            return states
+        index = features["bias_index"]
+        return states[: index.numel()] - states[index.numel() :][index]

@@ -1,0 +1,95 @@
+"""ConPVP (Zeng et al., 2022): contrastive learning with prompt-derived virtual semantic prototypes.
+
+The anchor v_i is the [MASK] state of `[X] <p1>…<pk> [MASK] .` with k learnable prompt vectors. The
+positive prototype c⁺_i is the [MASK] state of the sentence in a template sampled from the basic set,
+the negative prototype c⁻_i the same with a template from the semantically-opposite set (Table 1).
+Eq. 1, l_i = −log exp(s(v_i,c⁺_i)/τ) / Σ_j [exp(s(v_i,c⁺_j)/τ) + exp(s(v_i,c⁻_j)/τ)], is SimCSE's
+InfoNCE with c⁺ as positives and c⁻ as hard negatives (weight 0), so the loss is inherited.
+Anchors, prototypes and their template-bias rows go through the encoder in one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+
+from ..encoders.template import TemplateEncoder
+from .promptbert import PromptMethod
+
+# Table 1 of the paper. The PDF text garbles the quotes; they are written here as `"` around the
+# sentence, glued to it (see encoders.template on BPE tokenization).
+POSITIVE_TEMPLATES = (
+    'Given "[X]", we assume that "[MASK]"',
+    '"[X]", is this review positive ? [MASK] .',
+    '"[X]", is [MASK] news',
+    '"[X]", is a [MASK] one',
+    '"[X]" . In summary : "[MASK]"',
+    'By "[X]" they mean [MASK] .',
+    'Article "[X]" belongs to a [MASK] topic',
+    'This sentence : "[X]" means [MASK] .',
+)
+NEGATIVE_TEMPLATES = (
+    '"[X]", is this review negative ? [MASK] .',
+    'Without "[X]", they mean [MASK] .',
+    '"[X]" is inconsistent with "[MASK]"',
+    '"[X]" is totally different from : "[MASK]"',
+    '"[X]" which does not denote [MASK]',
+    '"[X]" is not a [MASK] one',
+    'This sentence : "[X]" does not mean [MASK] .',
+    'Article "[X]" is definitely not about the [MASK] topic',
+)
+
+Prototypes = Literal["both", "positive", "none"]
+
+
+class ConPVP(PromptMethod):
+    """ConPVP on a one-column corpus (other columns are ignored).
+
+    Templates are sampled per example at every training step from torch's global generator, so
+    `seed_everything` makes them reproducible and DataLoader workers draw different ones (the
+    reference fixes one template per example at preprocessing). Training embeddings are
+    template-denoised (`denoise_train`, the paper's footnote 1) — anchors and prototypes alike, each
+    against its own template's bias.
+
+    Args:
+        prompt_length: k, the number of continuous prompt vectors of the anchor (paper: 4).
+        anchor_template: a discrete anchor template instead of the continuous prompt (ablation
+            "w/ manual", e.g. `This sentence : "[X]" means [MASK] .`); None = `[X] [P]×k [MASK] .`.
+        positive_templates / negative_templates: the basic and semantically-opposite sets.
+        prototypes: "both" (Eq. 1); "positive" (ablation "w/o c⁻": only c⁺_j in the denominator);
+            "none" (ablation "w/o c⁺ & c⁻": the anchor twice, i.e. continuous-prompt SimCSE).
+        **kwargs: see `PromptMethod` (denoising switches) and `SentEmbMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: str,
+        prompt_length: int = 4,
+        anchor_template: str | None = None,
+        positive_templates: Sequence[str] = POSITIVE_TEMPLATES,
+        negative_templates: Sequence[str] = NEGATIVE_TEMPLATES,
+        prototypes: Prototypes = "both",
+        **kwargs: Any,
+    ) -> None:
+        if prototypes not in ("both", "positive", "none"):
+            raise ValueError(f"prototypes must be both, positive or none; got {prototypes!r}")
+        super().__init__(backbone, **kwargs)
+
+    def build_encoder(self) -> TemplateEncoder:
+        """Template 0 is the anchor, then the positive set, then the negative set."""
+        h = self.hparams
+        anchor = h.anchor_template or "[X]" + " [P]" * h.prompt_length + " [MASK] ."
+        return TemplateEncoder(h.backbone, [anchor, *h.positive_templates, *h.negative_templates])
+
+    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        n = len(examples)
+        if self.hparams.prototypes == "none":
+            return self.collate_views(examples, ["sent0", "sent0"], [[0] * n, [0] * n])
+        num_positive = len(self.hparams.positive_templates)
+        views = [[0] * n, (1 + torch.randint(num_positive, (n,))).tolist()]
+        if self.hparams.prototypes == "both":
+            first_negative = 1 + num_positive
+            views.append((first_negative + torch.randint(len(self.hparams.negative_templates), (n,))).tolist())
+        return self.collate_views(examples, ["sent0"] * len(views), views)

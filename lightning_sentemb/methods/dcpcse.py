@@ -1,0 +1,214 @@
+"""DCPCSE (Jiang & Wang, 2022): SimCSE's objective on a frozen language model steered only by deep
+continuous prompts, i.e. trainable key/value prefixes in every self-attention layer (P-tuning v2).
+
+Paper / reference (github.com/YJiangcm/DCPCSE, now PromCSE) details, and the choices made here:
+
+- Frozen: every backbone parameter (requires_grad=False), while the backbone stays in train mode:
+  dropout, in the backbone and on the prefix, is what makes SimCSE's two views differ.
+- Trainable: the prefix (`PrefixEncoder`, optionally reparameterized by an MLP), the training MLP,
+  and with the MLM loss on, the MLM head minus its decoder matrix (see `PrefixTunedEncoder`).
+- Sentence embedding: last-layer [CLS] + MLP in training only (unsupervised) or kept (supervised),
+  as the reference's `--pooler_type cls [--mlp_only_train]`. Poolers see the sentence tokens only
+  (the reference hands the prefix-extended attention mask to its avg poolers).
+- Positions: `position_offset="shifted"` (default) numbers the sentence after the prefix, as the
+  reference's transformers 4.2.1 did, so the paper's numbers hold; "zero" keeps pretraining
+  positions (on all-MiniLM-L6-v2 the shift alone costs ~2 STS-B dev points before training, hence
+  the demo's choice). Inputs are truncated at `max_sentence_length` (max_position_embeddings −
+  prefix_len when shifted).
+- ℓ = ℓ_CL + λ·ℓ_MLM with λ = mlm_weight · decay_rate^(global_step / decay_steps) (§2.2; the
+  reference's trainer: continuous exponent, mlm_weight 0.1, 0.95, 100). The MLM forward goes
+  through the prefix as in the reference, but draws its own prefix-dropout mask where the reference
+  reuses the CL forward's draw: same expected gradient, and every forward keeps a fresh prefix cache.
+- Supervised: SimCSE's NLI triplets; `hinge_weight` > 0 adds the reference's energy-based hinge
+  (`losses.energy_hinge`; its runs use margin 0.2, weight 10).
+- Checkpoints hold only the trainable tensors; `backbone` (a hyper-parameter) names what they attach
+  to, and loading re-attaches the frozen backbone. Exports hold the prefix and that reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+from transformers import PreTrainedConfig
+
+from ..encoders.plain import Encoder
+from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
+from ..export import write_pooling_modules
+from ..losses.energy_hinge import InfoNCEHingeLoss
+from .simcse import SimCSE
+
+__all__ = ["DCPCSE", "PrefixTunedEncoder", "trainable_parameter_count"]
+
+
+class PrefixTunedEncoder(Encoder):
+    """`Encoder` whose backbone runs with deep prefixes; the backbone is frozen.
+
+    MLM head (with `with_mlm_head`): loaded from the checkpoint when it has one, else fresh with its
+    decoder tied to the word embeddings (the `Encoder` rule). Its decoder matrix stays tied, hence
+    frozen; its transform and output bias train. The reference trains its whole head, untied (a fresh
+    one for BERT, whose checkpoint names do not match; RoBERTa's own): 23-39M parameters for base
+    models, where ours adds h² + 3h + vocab (622,650 for bert-base). A frozen head would leave the
+    fresh head of a checkpoint without one (e.g. all-MiniLM-L6-v2) random. The head serves training
+    only: checkpointed (so runs resume), never exported.
+    """
+
+    def __init__(
+        self,
+        backbone: str,
+        pooler: str = "cls",
+        with_mlm_head: bool = False,
+        prefix_len: int = 16,
+        projection: bool = False,
+        projection_hidden_size: int = 512,
+        dropout: float | None = None,
+        position_offset: PositionOffset = "shifted",
+    ) -> None:
+        super().__init__(backbone, pooler, with_mlm_head)
+        self.prefixed = PrefixedBackbone(
+            self.backbone, prefix_len, projection, projection_hidden_size, dropout, position_offset
+        )
+
+    @property
+    def max_length(self) -> int:
+        return min(super().max_length, self.prefixed.max_sentence_length)
+
+    @property
+    def mlm_head(self) -> nn.Module:
+        """The MLM model's head (BERT `cls`, RoBERTa `lm_head`): its one child besides the base model."""
+        model = self.mlm_model
+        (head,) = [module for name, module in model.named_children() if name != model.base_model_prefix]
+        return head
+
+    def run_backbone(self, features: dict[str, Tensor]) -> Any:
+        return self.prefixed(
+            features["input_ids"],
+            features["attention_mask"],
+            output_hidden_states=self.pooler in ("avg_first_last", "avg_top2"),
+        )
+
+    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """MLM through the prefix too, so the auxiliary loss trains it (as in the reference)."""
+        if self.mlm_model is None:
+            raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
+        return self.mlm_head(self.prefixed(input_ids, attention_mask).last_hidden_state)
+
+
+def trainable_parameter_count(
+    config: PreTrainedConfig,
+    prefix_len: int,
+    projection: bool = False,
+    projection_hidden_size: int = 512,
+    mlp: bool = True,
+    mlm_head: bool = False,
+) -> int:
+    """Trainable parameters of a `DCPCSE` on a backbone with `config`, from the config alone:
+    prefix + training MLP (h² + h) + the MLM head's transform and output bias (h² + 3h + vocab),
+    assuming BERT/RoBERTa heads with the decoder tied to the word embeddings."""
+    hidden = config.hidden_size
+    count = prefix_parameter_count(config, prefix_len, projection, projection_hidden_size)
+    if mlp:
+        count += hidden * hidden + hidden
+    if mlm_head:
+        count += hidden * hidden + 3 * hidden + config.vocab_size
+    return count
+
+
+class DCPCSE(SimCSE):
+    """SimCSE (unsupervised or NLI-supervised) through a frozen backbone with deep prefixes.
+
+    Args:
+        prefix_len: prefix vectors per layer (paper Tables 3-4: 16 BERT-base, 14 RoBERTa-base,
+            10 large models unsupervised; 12 BERT, 10 RoBERTa supervised).
+        prefix_projection: reparameterize the prefix through a two-layer MLP (P-tuning v2's
+            option; the reference's default and the paper: off).
+        prefix_hidden_size: hidden size of that MLP.
+        prefix_dropout: dropout on the prefix; None = the backbone's hidden_dropout_prob (reference).
+        position_offset: "shifted" (reference) or "zero", see `PrefixedBackbone`.
+        mlm_decay_rate, mlm_decay_steps: λ = mlm_weight · rate^(step / steps); `mlm_weight` (0.1 in
+            the paper's multi-task runs, 0 = off) comes from `SentEmbMethod`.
+        hinge_weight: weight of the energy-based hinge term (0 = off; the reference's runs: 10).
+        hinge_margin: its margin (reference: 0.2).
+        lr: default 3e-2, the paper's unsupervised BERT-base value (prefixes need far larger
+            steps than full fine-tuning).
+        **kwargs: see `SimCSE` and `SentEmbMethod`.
+    """
+
+    def __init__(
+        self,
+        backbone: str,
+        prefix_len: int = 16,
+        prefix_projection: bool = False,
+        prefix_hidden_size: int = 512,
+        prefix_dropout: float | None = None,
+        position_offset: PositionOffset = "shifted",
+        mlm_decay_rate: float = 0.95,
+        mlm_decay_steps: int = 100,
+        hinge_weight: float = 0.0,
+        hinge_margin: float = 0.2,
+        lr: float = 3e-2,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(backbone, lr=lr, **kwargs)
+        if hinge_weight > 0:
+            self.loss_fn = InfoNCEHingeLoss(
+                self.hparams.temperature, self.hparams.hard_negative_weight, hinge_margin, hinge_weight
+            )
+
+    def build_encoder(self) -> PrefixTunedEncoder:
+        hp = self.hparams
+        return PrefixTunedEncoder(
+            hp.backbone, hp.pooler, hp.mlm_weight > 0, hp.prefix_len, hp.prefix_projection,
+            hp.prefix_hidden_size, hp.prefix_dropout, hp.position_offset,
+        )
+
+    def mlm_weight_at(self, step: int) -> float:
+        """λ = mlm_weight · decay_rate^(step / decay_steps): the MLM weight decays exponentially."""
+        return self.hparams.mlm_weight * self.hparams.mlm_decay_rate ** (step / self.hparams.mlm_decay_steps)
+
+    # ----- checkpoints: the trainable part only ---------------------------------------------
+    def trainable_state_keys(self) -> set[str]:
+        """state_dict names of the trainable tensors (every name of a shared one)."""
+        return {name for name, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Drop the frozen backbone from the checkpoint (hyper-parameter `backbone` names it)."""
+        super().on_save_checkpoint(checkpoint)
+        keep = self.trainable_state_keys()
+        checkpoint["state_dict"] = {name: t for name, t in checkpoint["state_dict"].items() if name in keep}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Re-attach the frozen backbone this module was built with (loaded from `backbone`), so strict
+        loading passes and still reports any missing or unexpected trainable tensor."""
+        state = checkpoint["state_dict"]
+        trainable = self.trainable_state_keys()
+        for name, tensor in self.state_dict().items():
+            if name not in trainable:
+                state.setdefault(name, tensor)
+
+    def write_export(self, folder: Path) -> None:
+        """sentence-transformers folder: `PrefixedTransformer` (prefix weights + backbone reference,
+        no backbone weights), then the pooling stack. Load with `trust_remote_code=True`."""
+        from ..encoders.prefix_st import PrefixedTransformer
+
+        hp = self.hparams
+        config = {
+            "backbone": backbone_reference(hp.backbone),
+            "prefix_len": hp.prefix_len,
+            "projection": hp.prefix_projection,
+            "projection_hidden_size": hp.prefix_hidden_size,
+            "position_offset": hp.position_offset,
+            "max_seq_length": hp.eval_max_length or self.encoder.max_length,
+            "output_hidden_states": hp.pooler in ("avg_first_last", "avg_top2"),
+        }
+        PrefixedTransformer.write(folder, config, self.encoder.prefixed.prefix_encoder)
+        class_ref = f"{PrefixedTransformer.__module__}.{PrefixedTransformer.__qualname__}"
+        write_pooling_modules(self, folder, [{"idx": 0, "name": "0", "path": "", "type": class_ref}])
+
+
+def backbone_reference(name: str) -> str:
+    """A local folder as an absolute path (an export must not depend on the working directory);
+    hub names and `pkg:` references as they are."""
+    path = Path(name)
+    return str(path.resolve()) if path.is_dir() else name

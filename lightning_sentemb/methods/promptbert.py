@@ -1,0 +1,119 @@
+"""PromptBERT (Jiang et al., 2022): the [MASK] state of a template as the sentence embedding.
+
+Unsupervised: two views of each sentence, one under each of two templates (plus dropout), InfoNCE
+with in-batch negatives; supervised: NLI triplets under one template. Template denoising is switched
+separately for training, validation and test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import Tensor
+from transformers import AutoConfig
+
+from ..encoders.plain import resolve_model_path
+from ..encoders.template import TemplateEncoder
+from .simcse import SimCSE
+
+BERT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
+ROBERTA_TEMPLATES = ("This sentence : '[X]' means <mask> .", "The sentence : '[X]' means <mask> .")
+
+
+def default_templates(backbone: str) -> tuple[str, ...]:
+    """PromptBERT's template pair for the backbone's family (RoBERTa-style or BERT)."""
+    model_type = AutoConfig.from_pretrained(resolve_model_path(backbone)).model_type
+    return ROBERTA_TEMPLATES if "roberta" in model_type else BERT_TEMPLATES
+
+
+class PromptMethod(SimCSE):
+    """Shared by the template methods: the SimCSE loss over [MASK]-state views, template 0 at
+    evaluation, denoising switches, and the sentence-transformers export.
+
+    Denoising defaults: on in training (PromptBERT's unsupervised objective, ConPVP's footnote 1),
+    off at validation and test, so checkpoints are selected on the same embedding that is tested and
+    exported. The PromptBERT reference selects on denoised STS-B dev but reports undenoised test
+    numbers (its supervised runs denoise both); set `denoise_val` / `denoise_test` to choose.
+
+    Args:
+        denoise_train / denoise_val / denoise_test: subtract the template bias in training,
+            validation, and test (test also covers `encode` outside a trainer, `sentemb evaluate`
+            and the export).
+        pooler: always "mask" (the hidden state at the template's mask token).
+        **kwargs: see `SimCSE` and `SentEmbMethod` (the MLM auxiliary loss is not supported).
+    """
+
+    def __init__(
+        self,
+        backbone: str,
+        denoise_train: bool = True,
+        denoise_val: bool = False,
+        denoise_test: bool = False,
+        pooler: Literal["mask"] = "mask",
+        **kwargs: Any,
+    ) -> None:
+        if pooler != "mask":
+            raise ValueError(f"{type(self).__name__} pools the mask token; got pooler={pooler!r}")
+        if kwargs.get("mlm_weight", 0.0) > 0:
+            raise ValueError(f"{type(self).__name__} does not support the MLM auxiliary loss (mlm_weight > 0)")
+        super().__init__(backbone, pooler=pooler, **kwargs)
+
+    def collate_views(
+        self, examples: list[dict[str, list[int]]], columns: list[str], templates: list[Sequence[int]]
+    ) -> dict[str, Any]:
+        """Training batch in one forward: view v is column `columns[v]` of every example, example i
+        under template `templates[v][i]`; bias rows follow when `denoise_train`."""
+        rows = [example[column] for column in columns for example in examples]
+        row_templates = [t for view in templates for t in view]
+        features = self.encoder.format.build(rows, self.encoder.max_length, row_templates, self.hparams.denoise_train)
+        return {"features": features, "num_views": len(columns), "batch_size": len(examples)}
+
+    def eval_denoise(self) -> bool:
+        """The denoising switch of the running stage: validation (and its sanity check), else test."""
+        trainer = self._trainer
+        if trainer is not None and (trainer.validating or trainer.sanity_checking):
+            return self.hparams.denoise_val
+        return self.hparams.denoise_test
+
+    def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
+        """Evaluation inputs: template 0, bias rows when the running stage denoises."""
+        max_length = self.hparams.eval_max_length or self.encoder.max_length
+        return self.encoder.format.build(sentence_ids, max_length, denoise=self.eval_denoise())
+
+    def write_export(self, folder: Path) -> None:
+        from ..export_template import write_template_export
+
+        write_template_export(self, folder)
+
+
+class PromptBERT(PromptMethod):
+    """PromptBERT. The first template is the evaluation template.
+
+    Unsupervised (one-column corpus): view 1 under `templates[0]`, view 2 under `templates[1]`
+    (the same template again when only one is given: dropout-only views). Supervised (NLI csv):
+    `sent0`, `sent1` and `hard_neg` all under `templates[0]`, as in the reference.
+
+    Args:
+        templates: template strings (see `encoders.template`); default by backbone family —
+            BERT: `This sentence : "[X]" means [MASK] .`, `This sentence of "[X]" means [MASK] .`;
+            RoBERTa: `This sentence : '[X]' means <mask> .`, `The sentence : '[X]' means <mask> .`.
+            (The reference's unsupervised BERT run puts the "of" template first and evaluates with it.)
+        **kwargs: see `PromptMethod`.
+    """
+
+    def __init__(self, backbone: str, templates: Sequence[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(backbone, **kwargs)
+
+    def build_encoder(self) -> TemplateEncoder:
+        templates = self.hparams.templates or default_templates(self.hparams.backbone)
+        return TemplateEncoder(self.hparams.backbone, templates)
+
+    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        n = len(examples)
+        if "sent1" in examples[0]:
+            columns = [c for c in ("sent0", "sent1", "hard_neg") if c in examples[0]]
+            return self.collate_views(examples, columns, [[0] * n] * len(columns))
+        second = 1 if len(self.encoder.format.templates) > 1 else 0
+        return self.collate_views(examples, ["sent0", "sent0"], [[0] * n, [second] * n])

@@ -1,0 +1,116 @@
+"""`sentemb reproduce`: one fit per seed, each best checkpoint tested on the 7 STS tasks.
+
+    sentemb reproduce --method simcse --seeds 5
+    sentemb reproduce -c experiments/demo/simcse.yaml --seeds 0,1,2 -- --trainer.max_steps=50
+
+Prints every seed's row, mean ± std per task (ConPVP's Table 4 reports ablations so) and the best
+of N (the seed with the best test Avg., as the seed papers' main tables report it). Each seed gets
+`--seed_everything=SEED` and its own `--trainer.default_root_dir` under `--root`; arguments after
+`--` are appended to every fit (a trainer preset, a smaller model). The fits run in this process
+one after another, so under DDP every rank runs the same loop in step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from lightning.pytorch.utilities import rank_zero_only
+
+from .cli import lightning_main
+from .evaluation.sts import format_table
+
+EXPERIMENTS = Path("experiments")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`5` means seeds 0–4; `1,7,42` names them."""
+    if "," in text:
+        return [int(seed) for seed in text.split(",")]
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return list(range(count))
+
+
+def config_files(method: str | None, configs: Sequence[str]) -> list[str]:
+    """`--method M` is `experiments/M.yaml`; `-c` files follow it (later files win)."""
+    files = ([str(EXPERIMENTS / f"{method}.yaml")] if method else []) + list(configs)
+    if not files:
+        raise ValueError("name the experiment: --method M (experiments/M.yaml) or -c FILE")
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        available = ", ".join(sorted(p.stem for p in EXPERIMENTS.glob("*.yaml")))
+        raise FileNotFoundError(f"no such config: {', '.join(missing)} (methods in {EXPERIMENTS}/: {available})")
+    return files
+
+
+def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = ()) -> dict[int, dict[str, float]]:
+    """{seed: {task: Spearman ×100, ..., 'avg': mean}} of each seed's best checkpoint on the test tasks."""
+    import wandb
+
+    results = {}
+    for seed in seeds:
+        argv = ["fit", *(arg for f in files for arg in ("-c", f)), *overrides,
+                f"--seed_everything={seed}", f"--trainer.default_root_dir={root / f'seed-{seed}'}"]
+        try:
+            cli = lightning_main(argv)
+            cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best")
+            results[seed] = dict(cli.model.test_results)
+        finally:
+            wandb.finish()  # the next seed's WandbLogger must start its own W&B run
+    return results
+
+
+def summarize(results: dict[int, dict[str, float]]) -> dict[str, dict[str, float] | int]:
+    """Mean and sample standard deviation (ddof=1) per task, and the seed with the best Avg."""
+    tasks = list(next(iter(results.values())))
+    table = np.array([[scores[t] for t in tasks] for scores in results.values()])
+    std = table.std(axis=0, ddof=1) if len(table) > 1 else np.zeros(len(tasks))
+    best_seed = max(results, key=lambda seed: results[seed]["avg"])
+    return {"mean": dict(zip(tasks, table.mean(axis=0).tolist())), "std": dict(zip(tasks, std.tolist())),
+            "best_seed": best_seed}
+
+
+def format_report(name: str, results: dict[int, dict[str, float]]) -> str:
+    """Markdown: one row per seed, then mean ± std, then the best of N."""
+    summary = summarize(results)
+    rows = {f"{name} seed {seed}": scores for seed, scores in results.items()}
+    rows[f"{name} best of {len(results)} (seed {summary['best_seed']})"] = results[summary["best_seed"]]
+    mean, std = summary["mean"], summary["std"]
+    spread = f"| {name} mean ± std | " + " | ".join(f"{mean[t]:.2f} ± {std[t]:.2f}" for t in mean) + " |"
+    return format_table(rows) + "\n" + spread
+
+
+@rank_zero_only
+def report(name: str, results: dict[int, dict[str, float]], root: Path) -> None:
+    """Print the table; write `root/reproduce.json`."""
+    print(f"\n{name}: {len(results)} seeds, best checkpoint (STS-B dev) of each, tested on the STS tasks")
+    print(format_report(name, results))
+    root.mkdir(parents=True, exist_ok=True)
+    content = {"seeds": {str(seed): scores for seed, scores in results.items()}, **summarize(results)}
+    (root / "reproduce.json").write_text(json.dumps(content, indent=2) + "\n")
+
+
+def reproduce_main(args: list[str]) -> None:
+    """Entry of `sentemb reproduce (--method M | -c FILE ...) --seeds N [--root DIR] [-- fit overrides]`."""
+    args, overrides = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
+    parser = argparse.ArgumentParser(prog="sentemb reproduce", description="Fit once per seed, test, aggregate.")
+    parser.add_argument("--method", help="runs experiments/METHOD.yaml")
+    parser.add_argument("-c", "--config", action="append", default=[], help="config file(s), after --method's")
+    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("5"), help="N (seeds 0..N-1) or a,b,c")
+    parser.add_argument("--root", default=None, help="output folder (default out/reproduce/<name>)")
+    options = parser.parse_args(args)
+    # every run's arguments are passed to LightningCLI on purpose, beside this command's own sys.argv
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    try:
+        files = config_files(options.method, options.config)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
+    name = options.method or Path(files[0]).stem
+    root = Path(options.root or Path("out") / "reproduce" / name)
+    report(name, run_seeds(files, options.seeds, root, overrides), root)

@@ -1,0 +1,50 @@
+"""Trainer presets (experiments/trainer/*.yaml) combine with every experiment file, and a
+2-process CPU DDP fit runs end to end through the CLI."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lightning_sentemb.cli import main
+from tests.test_end_to_end import fit_args
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = sorted((REPO / "experiments" / "trainer").glob("*.yaml"))
+EXPERIMENTS = sorted((REPO / "experiments").rglob("*.yaml"))
+EXPERIMENTS = [p for p in EXPERIMENTS if p.parent.name not in ("trainer", "sweeps")]
+
+
+def printed_config(capsys, *args: str) -> dict:
+    with pytest.raises(SystemExit):
+        main(["fit", *args, "--print_config"])
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: str(p.relative_to(REPO / "experiments")))
+def test_every_preset_is_a_second_config_for_the_experiment(experiment, capsys):
+    """A preset sets only hardware keys of the trainer; the experiment's recipe is untouched."""
+    alone = printed_config(capsys, "-c", str(experiment))
+    for preset in PRESETS:
+        wanted = yaml.safe_load(preset.read_text())
+        assert set(wanted) == {"trainer"}, preset.name
+        combined = printed_config(capsys, "-c", str(experiment), "-c", str(preset))
+        assert combined["trainer"] == {**alone["trainer"], **wanted["trainer"]}, preset.name
+        assert {k: v for k, v in combined.items() if k != "trainer"} == {k: v for k, v in alone.items() if k != "trainer"}
+
+
+@pytest.mark.slow
+def test_two_process_cpu_ddp_fit(tiny_bert, sts_fixture, tmp_path):
+    """`ddp` re-launches the command once per extra process, so the fit runs in its own process."""
+    args = fit_args(tiny_bert, sts_fixture, tmp_path, "--data.batch_size", "4",
+                    "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
+    done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], check=False, cwd=REPO,
+                          env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Starting with 2 processes" in done.stdout + done.stderr
+    assert (tmp_path / "checkpoints" / "best.ckpt").exists()
+    metrics = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
+    assert "val/STSBenchmark-dev" in metrics and "train/loss" in metrics
