@@ -44,13 +44,9 @@ def _layer_weights(method: SentEmbMethod) -> tuple[int, list[float]] | None:
 
 def write_plain_export(method: SentEmbMethod, folder: Path) -> None:
     """Backbone, tokenizer and the sentence-transformers pooling stack for plain poolers."""
-    pooler = method.hparams.pooler
-    if pooler not in ST_POOLING:
-        raise ValueError(f"{type(method).__name__} with pooler {pooler!r} needs its own export")
     backbone = method.encoder.backbone
-    use_mlp = method.mlp is not None and method.hparams.mlp == "always"
-    if use_mlp and getattr(backbone, "pooler", None) is not None:
-        backbone.pooler.dense.load_state_dict(method.mlp[0].state_dict())
+    if method.eval_mlp is not None and getattr(backbone, "pooler", None) is not None:
+        backbone.pooler.dense.load_state_dict(method.eval_mlp[0].state_dict())
     backbone.config.output_hidden_states = _layer_weights(method) is not None
     backbone.save_pretrained(folder)
     method.tokenizer.save_pretrained(folder)
@@ -67,7 +63,6 @@ def write_pooling_modules(method: SentEmbMethod, folder: Path, modules: list[dic
     if pooler not in ST_POOLING:
         raise ValueError(f"{type(method).__name__} with pooler {pooler!r} needs its own export")
     hidden = method.encoder.hidden_size
-    use_mlp = method.mlp is not None and method.hparams.mlp == "always"
     layer_weights = _layer_weights(method)
     if layer_weights is not None:
         start, weights = layer_weights
@@ -80,12 +75,12 @@ def write_pooling_modules(method: SentEmbMethod, folder: Path, modules: list[dic
     path = f"{len(modules)}_Pooling"
     modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Pooling"})
     _write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})
-    if use_mlp:
+    if method.eval_mlp is not None:
         path = f"{len(modules)}_Dense"
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Dense"})
         _write_json(folder / path / "config.json", {"in_features": hidden, "out_features": hidden, "bias": True,
                                                     "activation_function": "torch.nn.modules.activation.Tanh"})
-        linear = method.mlp[0]
+        linear = method.eval_mlp[0]
         save_file({"linear.weight": linear.weight.detach().contiguous(), "linear.bias": linear.bias.detach().contiguous()},
                   str(folder / path / "model.safetensors"))
     _write_json(folder / "modules.json", modules)

@@ -108,7 +108,7 @@ class TemplateSentenceEncoder(InputModule):
 
 def write_template_export(method: PromptMethod, folder: Path) -> None:
     """The method's evaluation-time embedding (template 0, `denoise_test`, MLP if mlp='always')."""
-    mlp = method.mlp if method.hparams.mlp == "always" else None
+    mlp = method.eval_mlp
     max_length = method.hparams.eval_max_length or method.encoder.max_length
     module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, max_length, mlp)
     module.save(str(folder))

@@ -103,12 +103,16 @@ class SentEmbMethod(LightningModule):
     def tokenizer(self):
         return self.encoder.tokenizer
 
+    @property
+    def eval_mlp(self) -> nn.Module | None:
+        """The MLP kept at evaluation (mlp='always'), or None: what `encode` and the exports apply."""
+        return self.mlp if self.hparams.mlp == "always" else None
+
     def embed(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence vectors; the MLP applies in training, and at evaluation only with mlp='always'."""
         pooled = self.encoder(features)
-        if self.mlp is not None and (self.training or self.hparams.mlp == "always"):
-            pooled = self.mlp(pooled)
-        return pooled
+        mlp = self.mlp if self.training else self.eval_mlp
+        return mlp(pooled) if mlp is not None else pooled
 
     def add_mlm_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Attach corrupted copies of the training rows for the MLM auxiliary loss, when enabled."""
