@@ -12,77 +12,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 from pathlib import Path
-from collections.abc import Sequence
-
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-
-from .data.datamodule import SentEmbDataModule
-from .loggers import default_loggers
-from .methods.base import SentEmbMethod
-
-SELECTION_METRIC = "val/STSBenchmark-dev"
-
-
-class SentEmbCLI(LightningCLI):
-    """LightningCLI in omegaconf mode with the shared checkpointing (best STS-B dev)."""
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults(
-            {
-                "checkpoint.monitor": SELECTION_METRIC,
-                "checkpoint.mode": "max",
-                "checkpoint.filename": "best",
-                "checkpoint.save_top_k": 1,
-                "checkpoint.enable_version_counter": False,
-            }
-        )
-        parser.link_arguments(
-            "trainer.default_root_dir", "checkpoint.dirpath", compute_fn=lambda root: os.path.join(root or ".", "checkpoints")
-        )
-
-    def instantiate_trainer(self, **kwargs):
-        """Default loggers (CSV + W&B) under the run's root dir when the config names none."""
-        config = self._get(self.config_init, "trainer", default={})
-        if config.get("logger") in (None, True):
-            kwargs["logger"] = default_loggers(config.get("default_root_dir") or "out")
-        return super().instantiate_trainer(**kwargs)
-
-    def _resolve_best(self) -> None:
-        """`--ckpt_path best` in a fresh process: the best checkpoint of an earlier `fit`."""
-        config = self.config[self.subcommand]
-        callback = self.trainer.checkpoint_callback
-        if config.get("ckpt_path") == "best" and callback is not None and not callback.best_model_path:
-            best = Path(callback.dirpath) / "best.ckpt"
-            if not best.exists():
-                raise FileNotFoundError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
-            callback.best_model_path = str(best)
-
-    def before_test(self) -> None:
-        self._resolve_best()
-
-    def before_validate(self) -> None:
-        self._resolve_best()
-
-
-def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -> SentEmbCLI:
-    """Run a LightningCLI subcommand; `callbacks` join the config's (`sentemb sweep` tracks its metric so)."""
-    return SentEmbCLI(
-        SentEmbMethod,
-        SentEmbDataModule,
-        subclass_mode_model=True,
-        parser_kwargs={"parser_mode": "omegaconf"},
-        trainer_defaults={"default_root_dir": "out", "callbacks": list(callbacks)},
-        args=args,
-    )
 
 
 def evaluate_main(args: list[str]) -> None:
+    from .atomic_io import atomic_write_json
     from .evaluation.report import write_report
     from .evaluation.sts import format_table
     from .evaluation.suite import EVALUATORS, evaluate_suite, parse_evaluators
@@ -119,7 +54,7 @@ def evaluate_main(args: list[str]) -> None:
         written = write_report(results, report_dir)
         print(f"report: {written['markdown']}")
     elif options.output:
-        _atomic_write_json(Path(options.output), next(iter(results.values())) if len(results) == 1 else results)
+        atomic_write_json(Path(options.output), next(iter(results.values())) if len(results) == 1 else results)
 
 
 def export_main(args: list[str]) -> None:
@@ -158,13 +93,6 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _atomic_write_json(path: Path, content: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.tmp")
-    partial.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(partial, path)
-
-
 def sweep_main(args: list[str]) -> None:
     from .sweep import sweep_main as run
 
@@ -186,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] in TOOLS:
         TOOLS[args[0]](args[1:])
     else:
+        from .lightning_cli import lightning_main
+
         lightning_main(None if argv is None else args)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_only
 
-from .cli import lightning_main
+from .lightning_cli import lightning_main
 from .evaluation.sts import format_table
 
 EXPERIMENTS = Path("experiments")

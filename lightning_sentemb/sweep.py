@@ -30,7 +30,7 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
-from .cli import lightning_main
+from .lightning_cli import lightning_main
 
 if TYPE_CHECKING:
     from sweeps import SweepRun

@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from lightning_sentemb.cli import SELECTION_METRIC, main
+from lightning_sentemb.cli import main
+from lightning_sentemb.lightning_cli import SELECTION_METRIC
 from lightning_sentemb.sweep import SweepTracker, fit_arguments, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import SentEmbUserError
+
 DATA_ENV_VAR = "SENTEMB_DATA"
 FETCH_HINT = "sentemb data download --to DIR (or point --data-dir / SENTEMB_DATA at an existing mirror)"
 
 
-class MissingDataError(FileNotFoundError):
+class MissingDataError(SentEmbUserError, FileNotFoundError):
     """A data file the run needs is absent; the message names it and how to fetch it."""
 
 

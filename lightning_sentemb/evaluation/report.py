@@ -18,13 +18,13 @@ import io
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..atomic_io import atomic_write_bytes
 from .sts import format_table
 
 # (result key, column header) in the papers' order.
@@ -49,21 +49,6 @@ SHORT_TEXT_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 OTHER_CLUSTERING_COLUMNS: tuple[tuple[str, str], ...] = (("DBpedia", "DBpedia"), ("AgNewsFull", "AG News full"))
 MISSING = "–"
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
 
 
 def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
