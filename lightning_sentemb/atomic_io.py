@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,9 +23,22 @@ __all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_json", "atomic_wr
            "default_file_mode", "default_dir_mode"]
 
 
+_UMASK_LOCK = threading.Lock()
+
+
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
+    """The process umask, read without changing it where Linux shows it (/proc/self/status), so a
+    file another thread creates meanwhile never sees a zero umask; elsewhere set-and-restore."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0)
+        os.umask(mask)
     return mask
 
 

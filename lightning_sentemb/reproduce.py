@@ -13,7 +13,6 @@ one after another, so under DDP every rank runs the same loop in step.
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_only
 
+from .atomic_io import atomic_write_json
 from .lightning_cli import lightning_main
 from .evaluation.sts import format_table
 
@@ -91,9 +91,8 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path) -> None:
     """Print the table; write `root/reproduce.json`."""
     print(f"\n{name}: {len(results)} seeds, best checkpoint (STS-B dev) of each, tested on the STS tasks")
     print(format_report(name, results))
-    root.mkdir(parents=True, exist_ok=True)
     content = {"seeds": {str(seed): scores for seed, scores in results.items()}, **summarize(results)}
-    (root / "reproduce.json").write_text(json.dumps(content, indent=2) + "\n")
+    atomic_write_json(root / "reproduce.json", content)
 
 
 def reproduce_main(args: list[str]) -> None:

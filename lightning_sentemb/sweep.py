@@ -15,7 +15,6 @@ smaller model); they may not name a swept parameter.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shlex
 import traceback
@@ -30,6 +29,7 @@ import yaml
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
+from .atomic_io import atomic_write_json
 from .lightning_cli import lightning_main
 
 if TYPE_CHECKING:
@@ -206,7 +206,6 @@ def report(sweep: dict[str, Any], done: list[LocalRun], root: Path) -> None:
         print(f"\nbest: {best.run.name} ({metric} = {best.best(goal):.2f})")
         print("  " + shlex.join(["sentemb", *best.argv]))
         print(f"  full config: {best.log_dir}/config.yaml")
-    root.mkdir(parents=True, exist_ok=True)
     summary = {
         "metric": metric, "goal": goal, "best": best.run.name if best else None,
         "runs": [
@@ -216,7 +215,7 @@ def report(sweep: dict[str, Any], done: list[LocalRun], root: Path) -> None:
             for d in done
         ],
     }
-    (root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_json(root / "summary.json", summary)
 
 
 def sweep_main(args: list[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from datasets import Dataset
 from lightning.pytorch.utilities import rank_zero_info
 from transformers import PreTrainedTokenizerBase
 
+from ..errors import SentEmbUserError
 from .paths import require_file
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
@@ -23,22 +25,42 @@ def default_cache_dir() -> Path:
 
 def read_corpus(path: str | os.PathLike, max_examples: int | None = None) -> dict[str, list[str]]:
     """Columns of raw text: `.txt` = one sentence a line (column `sent0`, blank lines skipped and
-    counted); `.csv` = SimCSE's NLI file with header `sent0,sent1[,hard_neg]`."""
+    counted); `.csv` = SimCSE's NLI file with header `sent0,sent1[,hard_neg]`.
+
+    A corpus with no sentence, or with bytes that are not UTF-8, is the user's to fix: one error
+    naming the file (and the line and byte of the first bad byte)."""
     path = require_file(path, "training corpus")
+    text = _decode_utf8(path)
     if path.suffix == ".csv":
-        with path.open(newline="", encoding="utf8") as handle:
-            reader = csv.DictReader(handle)
-            columns = [c for c in NLI_COLUMNS if c in (reader.fieldnames or [])]
-            if columns[:2] != ["sent0", "sent1"]:
-                raise ValueError(f"{path}: an NLI csv needs a header with sent0,sent1[,hard_neg]; got {reader.fieldnames}")
-            rows = [row for _, row in zip(range(max_examples or 10**12), reader)]
-        return {c: [row[c] for row in rows] for c in columns}
-    lines = path.read_text(encoding="utf8").splitlines()
-    sentences = [line.strip() for line in lines if line.strip()]
-    skipped = len(lines) - len(sentences)
-    if skipped:
-        rank_zero_info(f"{path}: skipped {skipped} blank line(s)")
-    return {"sent0": sentences[:max_examples] if max_examples else sentences}
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        columns = [c for c in NLI_COLUMNS if c in (reader.fieldnames or [])]
+        if columns[:2] != ["sent0", "sent1"]:
+            raise SentEmbUserError(f"{path}: an NLI csv needs a header with sent0,sent1[,hard_neg]; got {reader.fieldnames}")
+        rows = [row for _, row in zip(range(max_examples or 10**12), reader)]
+        corpus = {c: [row[c] for row in rows] for c in columns}
+    else:
+        lines = text.splitlines()
+        sentences = [line.strip() for line in lines if line.strip()]
+        skipped = len(lines) - len(sentences)
+        if skipped:
+            rank_zero_info(f"{path}: skipped {skipped} blank line(s)")
+        corpus = {"sent0": sentences[:max_examples] if max_examples else sentences}
+    if not corpus["sent0"]:
+        raise SentEmbUserError(f"{path}: the training corpus holds no sentence (empty or blank lines only); "
+                               "point --data.train_file at a corpus with one sentence a line")
+    return corpus
+
+
+def _decode_utf8(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise SentEmbUserError(
+            f"{path}: not UTF-8 at line {line}, byte offset {error.start} (byte 0x{data[error.start]:02x}); "
+            f"re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
 
 
 def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_examples: int | None) -> str:
@@ -57,8 +79,10 @@ def tokenized_corpus(
 ) -> Dataset:
     """Each text column as token ids without special tokens, cut to `max_tokens`.
 
-    Cached under `cache_dir` by file identity, tokenizer and length; written to a temporary
-    name and renamed, so an interrupted run never leaves a half-written cache.
+    Cached under `cache_dir` by file identity, tokenizer and length. `datasets` writes the
+    Arrow file under a temporary name of ours (which it fills through a temporary file of its
+    own) and we rename it only once complete, so a killed run never leaves a file at the cached
+    name; only the complete file is ever loaded.
     """
     path = Path(path)
     require_file(path, "training corpus")
@@ -76,6 +100,9 @@ def tokenized_corpus(
         }
 
     partial = final.with_suffix(f".{os.getpid()}.tmp")
-    raw.map(tokenize, batched=True, batch_size=2000, cache_file_name=str(partial), desc="tokenize")
-    os.replace(partial, final)
+    try:
+        raw.map(tokenize, batched=True, batch_size=2000, cache_file_name=str(partial), desc="tokenize")
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
     return Dataset.from_file(str(final))

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import SentEmbUserError
 from ..evaluation.suite import parse_evaluators
 from .corpus import tokenized_corpus
 from .paths import resolve_data_dir
@@ -103,10 +104,37 @@ class SentEmbDataModule(LightningDataModule):
         if self.trainer is not None:
             self.method = self.trainer.lightning_module
         if stage in ("fit", None) and self.train_dataset is None:
-            fmt = self.method.encoder.format
+            specials = self.method.encoder.format.num_special_tokens
+            self._check_training_options(specials)
             self.train_dataset = tokenized_corpus(
-                self.train_path(), self.method.tokenizer, self.hparams.max_seq_len - fmt.num_special_tokens,
+                self.train_path(), self.method.tokenizer, self.hparams.max_seq_len - specials,
                 self.hparams.cache_dir, self.hparams.max_train_examples,
+            )
+            self._check_one_batch()
+
+    def _check_training_options(self, specials: int) -> None:
+        """Refuse what cannot train: one sentence a batch (the in-batch contrastive loss is then
+        exactly 0) and a length that leaves no token for the sentence after the special tokens."""
+        if self.hparams.batch_size < 2:
+            raise SentEmbUserError(
+                f"data.batch_size is {self.hparams.batch_size}: the in-batch contrastive loss needs other "
+                "sentences as negatives (with one it is exactly 0); set --data.batch_size 2 or more (papers: 64)"
+            )
+        if self.hparams.max_seq_len <= specials:
+            raise SentEmbUserError(
+                f"data.max_seq_len is {self.hparams.max_seq_len}, which leaves no token for the sentence after "
+                f"the {specials} special token(s); set --data.max_seq_len {specials + 1} or more (papers: 32)"
+            )
+
+    def _check_one_batch(self) -> None:
+        """Training drops the last incomplete batch: a corpus smaller than one batch per device would
+        train nothing and still end 'successfully'."""
+        devices = self.trainer.world_size if self.trainer is not None else 1
+        if len(self.train_dataset) < self.hparams.batch_size * devices:
+            raise SentEmbUserError(
+                f"{self.train_path()}: {len(self.train_dataset)} training example(s), fewer than one batch "
+                f"(data.batch_size {self.hparams.batch_size} x {devices} device(s)); use a larger corpus "
+                "(or a larger data.max_train_examples) or a smaller --data.batch_size"
             )
 
     def train_dataloader(self) -> DataLoader:

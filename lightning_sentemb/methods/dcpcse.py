@@ -190,7 +190,7 @@ class DCPCSE(SimCSE):
     def write_export(self, folder: Path) -> None:
         """sentence-transformers folder: `PrefixedTransformer` (prefix weights + backbone reference,
         no backbone weights), then the pooling stack. Load with `trust_remote_code=True`."""
-        from ..encoders.prefix_st import PrefixedTransformer
+        from ..export.prefix import PrefixedTransformer, prefix_weights
 
         hp = self.hparams
         config = {
@@ -202,9 +202,8 @@ class DCPCSE(SimCSE):
             "max_seq_length": hp.eval_max_length or self.encoder.max_length,
             "output_hidden_states": hp.pooler in ("avg_first_last", "avg_top2"),
         }
-        PrefixedTransformer.write(folder, config, self.encoder.prefixed.prefix_encoder)
-        class_ref = f"{PrefixedTransformer.__module__}.{PrefixedTransformer.__qualname__}"
-        write_pooling_modules(self, folder, [{"idx": 0, "name": "0", "path": "", "type": class_ref}])
+        PrefixedTransformer.write_files(folder, config, prefix_weights(self.encoder.prefixed))
+        write_pooling_modules(self, folder, [PrefixedTransformer.modules_entry()])
 
 
 def backbone_reference(name: str) -> str:

@@ -83,7 +83,7 @@ class PromptMethod(SimCSE):
         return self.encoder.format.build(sentence_ids, max_length, denoise=self.eval_denoise())
 
     def write_export(self, folder: Path) -> None:
-        from ..export_template import write_template_export
+        from ..export.template import write_template_export
 
         write_template_export(self, folder)
 

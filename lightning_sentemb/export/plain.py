@@ -1,32 +1,23 @@
-"""Checkpoint → one folder that is both a Hugging Face model and a sentence-transformers model.
-
-`AutoModel.from_pretrained(OUT)` loads the backbone; `SentenceTransformer(OUT)` loads the backbone
-plus the method's evaluation-time pooling (modules.json), so both reproduce `method.encode`.
-A Linear+Tanh MLP kept at evaluation (mlp='always') is written into the backbone's pooler, so
-`--pooler cls` on the exported folder (SimCSE's convention) and the sentence-transformers Dense
-module both apply it.
-"""
+"""The export of methods whose embedding is the backbone plus a standard pooling: the backbone folder
+and sentence-transformers' own Pooling (WeightedLayerPooling, Dense) modules after it."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 
 if TYPE_CHECKING:
-    from .methods.base import SentEmbMethod
+    from ..methods.base import SentEmbMethod
 
 ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean", "avg_first_last": "mean", "avg_top2": "mean"}
 
 
-def _write_json(path: Path, content: dict | list) -> None:
+def write_json(path: Path, content: dict | list) -> None:
+    """One JSON file of the export (the whole folder is staged and renamed, so no atomic write here)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(content, indent=2) + "\n")
 
@@ -51,7 +42,7 @@ def write_plain_export(method: SentEmbMethod, folder: Path) -> None:
     backbone.save_pretrained(folder)
     method.tokenizer.save_pretrained(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
-    _write_json(folder / "sentence_bert_config.json", {"max_seq_length": method.encoder.max_length, "do_lower_case": False})
+    write_json(folder / "sentence_bert_config.json", {"max_seq_length": method.encoder.max_length, "do_lower_case": False})
     write_pooling_modules(method, folder, modules)
 
 
@@ -69,36 +60,18 @@ def write_pooling_modules(method: SentEmbMethod, folder: Path, modules: list[dic
         path = f"{len(modules)}_WeightedLayerPooling"
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
                         "type": "sentence_transformers.models.WeightedLayerPooling"})
-        _write_json(folder / path / "config.json",
+        write_json(folder / path / "config.json",
                     {"word_embedding_dimension": hidden, "layer_start": start, "num_hidden_layers": start + len(weights) - 1})
         save_file({"layer_weights": torch.tensor(weights)}, str(folder / path / "model.safetensors"))
     path = f"{len(modules)}_Pooling"
     modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Pooling"})
-    _write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})
+    write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})
     if method.eval_mlp is not None:
         path = f"{len(modules)}_Dense"
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Dense"})
-        _write_json(folder / path / "config.json", {"in_features": hidden, "out_features": hidden, "bias": True,
+        write_json(folder / path / "config.json", {"in_features": hidden, "out_features": hidden, "bias": True,
                                                     "activation_function": "torch.nn.modules.activation.Tanh"})
         linear = method.eval_mlp[0]
         save_file({"linear.weight": linear.weight.detach().contiguous(), "linear.bias": linear.bias.detach().contiguous()},
                   str(folder / path / "model.safetensors"))
-    _write_json(folder / "modules.json", modules)
-
-
-def export(method: SentEmbMethod, out_dir: str | os.PathLike) -> Path:
-    """Write the export to a temporary folder beside `out_dir`, then move it into place."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir} exists and is not empty; choose a new folder or remove it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
-        method.write_export(staging)
-        if out_dir.exists():
-            out_dir.rmdir()
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out_dir
+    write_json(folder / "modules.json", modules)

@@ -1,0 +1,39 @@
+"""Checkpoint → one folder that is both a Hugging Face model and a sentence-transformers model.
+
+`AutoModel.from_pretrained(OUT)` loads the backbone; `SentenceTransformer(OUT)` loads the backbone
+plus the method's evaluation-time pooling (modules.json), so both reproduce `method.encode`.
+A Linear+Tanh MLP kept at evaluation (mlp='always') is written into the backbone's pooler, so
+`--pooler cls` on the exported folder (SimCSE's convention) and the sentence-transformers Dense
+module both apply it.
+
+Each method writes its own folder (`SentEmbMethod.write_export`): plain poolers with
+sentence-transformers' own modules (`plain`); methods whose embedding needs our code with one of
+our sentence-transformers modules (`SentEmbSTModule` in `st_module`: `template` for
+PromptBERT/ConPVP, `prefix` for DCPCSE), loaded with `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..atomic_io import atomic_directory
+from .plain import write_plain_export, write_pooling_modules
+
+if TYPE_CHECKING:
+    from ..methods.base import SentEmbMethod
+
+__all__ = ["export", "write_plain_export", "write_pooling_modules"]
+
+
+def export(method: SentEmbMethod, out_dir: str | os.PathLike) -> Path:
+    """Write the export into a staging folder beside `out_dir` and rename it into place only when
+    complete (a kill leaves no `out_dir`, never a half-written one); folder and files get the
+    permissions `cp` would give them under the umask."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists and is not empty; choose a new folder or remove it")
+    with atomic_directory(out_dir) as staging:
+        method.write_export(staging)
+    return out_dir

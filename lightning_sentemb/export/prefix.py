@@ -1,0 +1,97 @@
+"""sentence-transformers input module of a DCPCSE export: the frozen backbone, loaded from its name
+or path, whose layers attend to the trained deep prefix.
+
+An export folder holds only `prefix_config.json` (backbone reference + prefix shape), the prefix
+weights and the pooling modules, never the backbone. Load it with
+`SentenceTransformer(folder, trust_remote_code=True)` (see `st_module`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from torch import Tensor
+from transformers import AutoModel, AutoTokenizer
+
+from ..encoders.plain import resolve_model_path
+from ..encoders.prefix import PositionOffset, PrefixedBackbone
+from .st_module import SentEmbSTModule
+
+__all__ = ["PrefixedTransformer"]
+
+
+class PrefixedTransformer(SentEmbSTModule):
+    """Tokenizer + `PrefixedBackbone`; outputs `token_embeddings` (and `all_layer_embeddings` when
+    `output_hidden_states`) over the sentence tokens only, so the standard Pooling modules follow.
+
+    Args:
+        backbone: hub name, folder or `pkg:MODULE` of the frozen model the prefix was trained on.
+        prefix_len, projection, projection_hidden_size, position_offset: as in `PrefixedBackbone`.
+        max_seq_length: truncation in tokens, special tokens included.
+        output_hidden_states: also return every layer (for WeightedLayerPooling).
+    """
+
+    config_file_name = "prefix_config.json"
+    weights_file_name = "prefix_encoder.safetensors"
+    config_keys: ClassVar[list[str]] = [
+        "backbone", "prefix_len", "projection", "projection_hidden_size", "position_offset", "max_seq_length",
+        "output_hidden_states",
+    ]
+
+    def __init__(
+        self,
+        backbone: str,
+        prefix_len: int,
+        max_seq_length: int,
+        projection: bool = False,
+        projection_hidden_size: int = 512,
+        position_offset: PositionOffset = "shifted",
+        output_hidden_states: bool = False,
+    ) -> None:
+        super().__init__()
+        path = resolve_model_path(backbone)
+        self.backbone = backbone
+        self.prefix_len = prefix_len
+        self.max_seq_length = max_seq_length
+        self.projection = projection
+        self.projection_hidden_size = projection_hidden_size
+        self.position_offset = position_offset
+        self.output_hidden_states = output_hidden_states
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.prefixed = PrefixedBackbone(
+            AutoModel.from_pretrained(path), prefix_len, projection, projection_hidden_size,
+            position_offset=position_offset,
+        )
+
+    def preprocess(self, inputs: Sequence[str], prompt: str | None = None, **kwargs: Any) -> dict[str, Tensor]:
+        texts = self._prepend_prompt(list(inputs), prompt) if prompt else list(inputs)
+        return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length, return_tensors="pt")
+
+    def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        outputs = self.prefixed(
+            features["input_ids"], features["attention_mask"], output_hidden_states=self.output_hidden_states
+        )
+        features["token_embeddings"] = outputs.last_hidden_state
+        if self.output_hidden_states:
+            features["all_layer_embeddings"] = outputs.hidden_states
+        return features
+
+    def get_embedding_dimension(self) -> int:
+        return self.prefixed.backbone.config.hidden_size
+
+    def own_weights(self) -> dict[str, Tensor]:
+        """The trained prefix (the backbone is referenced by name, never copied)."""
+        return prefix_weights(self.prefixed)
+
+    def load_own_weights(self, weights: dict[str, Tensor]) -> None:
+        self.prefixed.prefix_encoder.load_state_dict(weights)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], folder: str) -> PrefixedTransformer:
+        return cls(**config)
+
+
+def prefix_weights(prefixed: PrefixedBackbone) -> dict[str, Tensor]:
+    """What `PrefixedTransformer` saves of a prefixed backbone."""
+    return {name: tensor.detach().contiguous() for name, tensor in prefixed.prefix_encoder.state_dict().items()}
