@@ -87,13 +87,15 @@ def atomic_write_json(path: str | os.PathLike, content: Any) -> Path:
 @contextmanager
 def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty staging folder beside `target`; on success it replaces `target` whole (an
-    existing `target` is removed only then), on error it is deleted and `target` is untouched."""
+    existing `target` is removed only then), on error it is deleted and `target` is untouched.
+    Everything in it gets the umask's default modes, as `cp` gives (some writers, such as
+    safetensors, create files 0600)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", suffix=".tmp", dir=target.parent))
     try:
-        os.chmod(staging, default_dir_mode())
         yield staging
+        _chmod_tree(staging)
         if target.exists():
             retired = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
             os.replace(target, retired / target.name)
@@ -104,6 +106,16 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _chmod_tree(folder: Path) -> None:
+    file_mode, dir_mode = default_file_mode(), default_dir_mode()
+    os.chmod(folder, dir_mode)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), dir_mode)
+        for name in files:
+            os.chmod(os.path.join(root, name), file_mode)
 
 
 @contextmanager

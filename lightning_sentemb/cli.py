@@ -18,13 +18,15 @@ from pathlib import Path
 
 def evaluate_main(args: list[str]) -> None:
     from .atomic_io import atomic_write_json
-    from .evaluation.report import write_report
+    from .evaluation.report import model_labels, write_report
     from .evaluation.sts import format_table
     from .evaluation.suite import EVALUATORS, evaluate_suite, parse_evaluators
     from .loading import load_method
 
     parser = argparse.ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
     parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
+    parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
+                        "(default: run folder + file stem, e.g. simcse/best)")
     parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"],
                         help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler")
     parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
@@ -42,11 +44,11 @@ def evaluate_main(args: list[str]) -> None:
         parser.error(str(error))
     report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
     results = {}
-    for model in options.model:
+    for model, label in zip(options.model, model_labels(options.model, options.name)):
         method = load_method(model, options.pooler, eval_precision=options.precision).to(options.device)
-        results[model] = evaluate_suite(
+        results[label] = evaluate_suite(
             lambda sentences: method.encode(sentences, batch_size=options.batch_size), evaluators, options.data_dir,
-            (report_dir or Path(".")) / "figures", name=Path(model).stem, aggregation=options.aggregation,
+            (report_dir or Path(".")) / "figures", name=label, aggregation=options.aggregation,
         )
     if "sts" in evaluators:
         print(format_table({model: r["sts"] for model, r in results.items()}))

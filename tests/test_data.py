@@ -3,6 +3,7 @@ import pytest
 
 from lightning_sentemb.data.corpus import read_corpus, tokenized_corpus
 from lightning_sentemb.data.paths import MissingDataError
+from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.data.senteval import STS_SUBSETS, load_sts_task, read_sick, read_stsb, read_sts_year
 
 
@@ -69,7 +70,7 @@ def test_nli_csv_columns(tmp_path):
     assert read_corpus(path) == {"sent0": ["a, b", "e"], "sent1": ["c", "f"], "hard_neg": ["d", "g"]}
     bad = tmp_path / "bad.csv"
     bad.write_text("premise,hypothesis\nx,y\n")
-    with pytest.raises(ValueError, match="bad.csv: an NLI csv needs a header"):
+    with pytest.raises(SentEmbUserError, match="bad.csv: an NLI csv needs a header"):
         read_corpus(bad)
 
 

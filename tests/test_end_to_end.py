@@ -150,6 +150,19 @@ def test_evaluate_writes_a_report_folder_for_several_models(trained, tiny_bert, 
     assert list((tmp_path / "report" / "figures").glob("*.png"))
 
 
+def test_two_checkpoints_named_best_get_their_own_figures_written_once(trained, sts_fixture, tmp_path):
+    for run in ("run_a", "run_b"):
+        (tmp_path / run / "checkpoints").mkdir(parents=True)
+        (tmp_path / run / "checkpoints" / "best.ckpt").write_bytes((trained / "checkpoints" / "best.ckpt").read_bytes())
+    main(["evaluate", "--model", str(tmp_path / "run_a" / "checkpoints" / "best.ckpt"),
+          str(tmp_path / "run_b" / "checkpoints" / "best.ckpt"), "--tasks", "analysis", "--data-dir", str(sts_fixture),
+          "--output", str(tmp_path / "report")])
+    assert list(json.loads((tmp_path / "report" / "results.json").read_text())) == ["run_a/best", "run_b/best"]
+    figures = sorted(p.name for p in (tmp_path / "report" / "figures").iterdir())
+    assert figures == ["alignment_uniformity.png", "frequent_tokens.png", "run_a_best_cosine_distribution.png",
+                       "run_a_best_tsne.png", "run_b_best_cosine_distribution.png", "run_b_best_tsne.png"]
+
+
 def test_evaluate_rejects_unknown_tasks(trained, capsys):
     with pytest.raises(SystemExit):
         main(["evaluate", "--model", str(trained / "checkpoints" / "best.ckpt"), "--tasks", "sts,glue"])

@@ -187,8 +187,9 @@ def analyze_sts_pairs(
 ) -> dict:
     """Alignment/uniformity, cosine per gold bucket and t-SNE of one model on STS pairs (e.g. STS-B test).
 
-    Encodes each distinct sentence once; writes ``{name}_cosine.png`` and ``{name}_tsne.png``
-    into ``figure_dir`` and returns the numbers plus the figure paths (``write_report`` input).
+    Encodes each distinct sentence once; writes ``{name}_cosine_distribution.png`` and
+    ``{name}_tsne.png`` (titled ``name``) into ``figure_dir`` and returns the numbers plus the figure
+    paths (``write_report`` input, which links them in place when they are in its figures folder).
     """
     gold = _check_pairs(first, second, scores)
     emb_first, emb_second, distinct = encode_pairs(encode, first, second)
@@ -197,7 +198,7 @@ def analyze_sts_pairs(
     result = alignment_uniformity(emb_first, emb_second, gold, distinct, positive_threshold=positive_threshold)
     result["cosine_buckets"] = cosine_by_score_bucket(cosines, gold)
     cosine_png = plot_cosine_by_score_bucket(
-        cosines, gold, figure_dir / f"{safe_filename(name)}_cosine.png", title=name
+        cosines, gold, figure_dir / f"{safe_filename(name)}_cosine_distribution.png", title=name
     )
     tsne = tsne_pairs(
         emb_first,

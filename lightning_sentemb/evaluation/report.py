@@ -25,6 +25,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..atomic_io import atomic_write_bytes
+from ..errors import SentEmbUserError
 from .sts import format_table
 
 # (result key, column header) in the papers' order.
@@ -145,13 +146,43 @@ def _frequent_tokens_figure(results: dict[str, dict], path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def _copy_figure(source: str | os.PathLike, destination: Path) -> Path:
+def _place_figure(source: str | os.PathLike, figure_dir: Path, key: str) -> Path:
+    """A figure already in the report's figures folder is linked where it is (each figure is written
+    once); one from elsewhere is copied in as `{key}.png`."""
     source = Path(source)
     if not source.is_file():
         raise FileNotFoundError(f"figure {source} listed in the results does not exist")
-    if source.resolve() == destination.resolve():
-        return destination
-    return atomic_write_bytes(destination, source.read_bytes())
+    if source.parent.resolve() == figure_dir.resolve():
+        return source
+    return atomic_write_bytes(figure_dir / f"{key}.png", source.read_bytes())
+
+
+def model_labels(models: Sequence[str], names: Sequence[str] | None = None) -> list[str]:
+    """One unique, readable label per model for tables, figure titles and file names: the given
+    `names`, else the run folder and stem of each model (`out/simcse/checkpoints/best.ckpt` →
+    `simcse/best`, a hub name as it is), with more parent folders where two would read alike."""
+    if names:
+        if len(names) != len(models) or not _distinct(names):
+            raise SentEmbUserError(f"--name needs one distinct name per --model ({len(models)}); got {list(names)}")
+        return list(names)
+    parts = [[p for p in Path(m[: -len(".ckpt")] if m.endswith(".ckpt") else m).parts if p not in ("/", "checkpoints")]
+             for m in models]
+    depth = [min(2, len(p)) for p in parts]
+    while True:
+        labels = ["/".join(p[len(p) - d :]) for p, d in zip(parts, depth)]
+        clashing = [i for i, label in enumerate(labels) if not _distinct(labels[:i] + labels[i + 1 :] + [label])]
+        growing = [i for i in clashing if depth[i] < len(parts[i])]
+        if not growing:
+            break
+        for i in growing:
+            depth[i] += 1
+    if clashing:
+        raise SentEmbUserError(f"--model {' '.join(models)} read alike as {labels}; name each with --name")
+    return labels
+
+
+def _distinct(names: Sequence[str]) -> bool:
+    return len({safe_filename(n) for n in names}) == len(names)
 
 
 def _link(title: str, path: Path, out_dir: Path) -> str:
@@ -321,7 +352,7 @@ def _analysis_section(results: dict[str, dict], out_dir: Path, written: dict[str
                     row.append(MISSING)
                     continue
                 key = f"{safe_filename(model)}_{kind}"
-                written[key] = _copy_figure(analysis["figures"][kind], out_dir / "figures" / f"{key}.png")
+                written[key] = _place_figure(analysis["figures"][kind], out_dir / "figures", key)
                 row.append(_link(f"{model} {kind}", written[key], out_dir))
             rows.append(row)
         lines += [
@@ -363,6 +394,8 @@ def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[s
     """Write ``results.json``, ``report.md`` and ``figures/*.png`` into ``out_dir``; return their paths."""
     if not results:
         raise ValueError("write_report needs results for at least one model")
+    if not _distinct(list(results)):
+        raise ValueError(f"model names {list(results)} clash as file names; name each model distinctly")
     results_json = json.dumps(results, indent=2, default=_json_default).encode("utf-8")  # fail before writing
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
