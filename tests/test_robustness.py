@@ -89,6 +89,8 @@ def test_kill_9_during_a_write_leaves_the_previous_file_or_none(writer, tiny_ber
 
     assert json.loads((tmp_path / "out.json").read_text()) == {"old": 1}
     assert not (tmp_path / "export").exists()
+    if writer != "tokenized corpus":
+        assert [p for p in tmp_path.iterdir() if p.name.startswith(".")], "the kill came in the middle of the write"
     if writer == "tokenized corpus":
         from transformers import AutoTokenizer
 
@@ -217,7 +219,8 @@ def test_model_labels_are_readable_and_unique():
     assert model_labels(["out/simcse/checkpoints/best.ckpt", "out/promptbert/checkpoints/best.ckpt", "bert-base-uncased",
                          "princeton-nlp/sup-simcse-bert-base-uncased"]) == [
         "simcse/best", "promptbert/best", "bert-base-uncased", "princeton-nlp/sup-simcse-bert-base-uncased"]
-    assert model_labels(["a/run/checkpoints/best.ckpt", "b/run/checkpoints/best.ckpt"]) == ["a/run/best", "b/run/best"]
+    assert model_labels(["a/run/checkpoints/best.ckpt", "b/run/checkpoints/best.ckpt", "c/checkpoints/best.ckpt"]) == [
+        "a/run/best", "b/run/best", "c/best"]
     assert model_labels(["x.ckpt", "y.ckpt"], ["mine", "theirs"]) == ["mine", "theirs"]
     with pytest.raises(SentEmbUserError, match="one distinct name per --model"):
         model_labels(["x.ckpt", "y.ckpt"], ["mine"])

@@ -47,7 +47,7 @@ def read_corpus(path: str | os.PathLike, max_examples: int | None = None) -> dic
         corpus = {"sent0": sentences[:max_examples] if max_examples else sentences}
     if not corpus["sent0"]:
         raise SentEmbUserError(f"{path}: the training corpus holds no sentence (empty or blank lines only); "
-                               "point --data.train_file at a corpus with one sentence a line")
+                               "point --data.train_file at a corpus with sentences in it")
     return corpus
 
 
@@ -59,7 +59,7 @@ def _decode_utf8(path: Path) -> str:
         line = data.count(b"\n", 0, error.start) + 1
         raise SentEmbUserError(
             f"{path}: not UTF-8 at line {line}, byte offset {error.start} (byte 0x{data[error.start]:02x}); "
-            f"re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+            "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
         ) from None
 
 

@@ -170,7 +170,8 @@ def model_labels(models: Sequence[str], names: Sequence[str] | None = None) -> l
     depth = [min(2, len(p)) for p in parts]
     while True:
         labels = ["/".join(p[len(p) - d :]) for p, d in zip(parts, depth)]
-        clashing = [i for i, label in enumerate(labels) if not _distinct(labels[:i] + labels[i + 1 :] + [label])]
+        files = [safe_filename(label) for label in labels]
+        clashing = [i for i, file in enumerate(files) if files.count(file) > 1]
         growing = [i for i in clashing if depth[i] < len(parts[i])]
         if not growing:
             break
