@@ -58,6 +58,11 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     return atomic_write_bytes(path, buffer.getvalue())
 
 
+def encode_results(results: dict) -> bytes:
+    """The results as `results.json` holds them (numpy values as plain numbers)."""
+    return json.dumps(results, indent=2, default=_json_default).encode("utf-8")
+
+
 def _json_default(value: object) -> object:
     if isinstance(value, np.generic):
         return value.item()
@@ -363,7 +368,7 @@ def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[s
     """Write ``results.json``, ``report.md`` and ``figures/*.png`` into ``out_dir``; return their paths."""
     if not results:
         raise ValueError("write_report needs results for at least one model")
-    results_json = json.dumps(results, indent=2, default=_json_default).encode("utf-8")  # fail before writing
+    results_json = encode_results(results)  # fail before writing
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     lines = ["# Evaluation report", "", f"Models: {', '.join(results)}.", ""]
