@@ -54,10 +54,15 @@ class SentEmbCLI(LightningCLI):
                 raise FileNotFoundError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
             callback.best_model_path = str(best)
 
+    def before_fit(self) -> None:
+        self.datamodule.check_data("fit")
+
     def before_test(self) -> None:
+        self.datamodule.check_data("test")
         self._resolve_best()
 
     def before_validate(self) -> None:
+        self.datamodule.check_data("validate")
         self._resolve_best()
 
 

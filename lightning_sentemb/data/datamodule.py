@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..evaluation.suite import parse_evaluators
 from .corpus import tokenized_corpus
-from .paths import resolve_data_dir
+from .paths import require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
 
 
@@ -98,6 +98,14 @@ class SentEmbDataModule(LightningDataModule):
     def train_path(self) -> str:
         path = self.hparams.train_file
         return path if os.path.isabs(path) else str(self.data_dir / path)
+
+    def check_data(self, stage: str) -> None:
+        """Fail with the missing path and the fetch command before a run (and its W&B run) starts:
+        the training corpus for `fit`, the STS sets the stage evaluates."""
+        if stage == "fit":
+            require_file(self.train_path(), "training corpus")
+        for name in self.test_tasks if stage == "test" else self.val_tasks:
+            load_sts_task(name, self.data_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.trainer is not None:
