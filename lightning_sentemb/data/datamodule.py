@@ -58,7 +58,7 @@ class SentEmbDataModule(LightningDataModule):
         data_dir: data directory (SimCSE/SentEval layout); default `$SENTEMB_DATA`, else `./data`.
         max_seq_len: training length in tokens, special tokens included (templates come on top).
         batch_size: per-device training batch; the global batch is batch_size × devices.
-        eval_batch_size: pairs per evaluation batch.
+        eval_batch_size: pairs per evaluation batch; `sentemb fit` also gives it to the method (`encode`).
         num_workers: DataLoader workers.
         max_train_examples: use only the first N training examples (demos, tests).
         val_tasks / test_tasks: STS tasks by SentEval name, evaluated at validation / test.

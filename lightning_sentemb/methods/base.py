@@ -50,7 +50,7 @@ class SentEmbMethod(LightningModule):
         mlm_probability: fraction of tokens masked for the auxiliary loss.
         eval_max_length: truncation at evaluation; None = the model's maximum (SimCSE's
             evaluation does not truncate; the 32-token limit is for training only).
-        eval_batch_size: sentences per forward in `encode`.
+        eval_batch_size: sentences per forward in `encode` (under `sentemb fit`, set by `data.eval_batch_size`).
         eval_precision: autocast during `encode`: "auto" (bf16/fp16 on GPU, fp32 on CPU),
             "bf16", or "32".
         sts_aggregation: how STS12–16 subsets combine: "all" (SentEval/SimCSE), "wmean", "mean".
