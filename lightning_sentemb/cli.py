@@ -134,21 +134,29 @@ def export_main(args: list[str]) -> None:
 
 
 def data_main(args: list[str]) -> None:
-    from .data.download import check_data_dir, download
+    from .data.download import CHECK_GROUPS, check_data_dir, download
 
     parser = argparse.ArgumentParser(prog="sentemb data")
     sub = parser.add_subparsers(dest="action", required=True)
     fetch = sub.add_parser("download", help="fetch SentEval + SimCSE corpora from their canonical sources")
     fetch.add_argument("--to", required=True, help="target data directory")
     fetch.add_argument("--what", default="senteval,wiki1m,nli", help="comma-separated: senteval,wiki1m,nli")
-    check = sub.add_parser("check", help="list which data files a directory (an existing mirror) provides")
-    check.add_argument("--data-dir", default=None)
+    check = sub.add_parser("check", help="report, per evaluator and corpus, what a data directory holds",
+                           description="Reports every group; the exit status is 1 only when a group named "
+                                       "by --require is incomplete.")
+    check.add_argument("--data-dir", default=None, help="data directory (default $SENTEMB_DATA, else ./data)")
+    check.add_argument("--require", default="sts",
+                       help="comma-separated groups that must be complete for exit status 0: "
+                            "sts,transfer,cluster,wiki1m,nli or all (default sts: what every fit needs)")
     options = parser.parse_args(args)
     if options.action == "download":
         download(options.to, options.what.split(","))
     else:
-        missing = check_data_dir(options.data_dir)
-        sys.exit(1 if missing else 0)
+        required = CHECK_GROUPS if options.require == "all" else [g for g in options.require.split(",") if g]
+        incomplete = check_data_dir(options.data_dir, required)
+        if incomplete:
+            print(f"incomplete: {', '.join(incomplete)} (required by --require {options.require})")
+        sys.exit(1 if incomplete else 0)
 
 
 def _cuda() -> bool:
