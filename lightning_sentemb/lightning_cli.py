@@ -9,10 +9,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .data.datamodule import SentEmbDataModule
+from .errors import SentEmbUserError
+from .loading import SAFE_GLOBALS
 from .loggers import LogFullConfig, default_loggers, silence_known_noise
 from .methods.base import SentEmbMethod
 from .progress import SentEmbProgressBar
@@ -62,7 +65,7 @@ class SentEmbCLI(LightningCLI):
         if config.get("ckpt_path") == "best" and callback is not None and not callback.best_model_path:
             best = Path(callback.dirpath) / "best.ckpt"
             if not best.exists():
-                raise FileNotFoundError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
+                raise SentEmbUserError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
             callback.best_model_path = str(best)
 
     def before_fit(self) -> None:
@@ -80,6 +83,7 @@ class SentEmbCLI(LightningCLI):
 def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -> SentEmbCLI:
     """Run a LightningCLI subcommand; `callbacks` join the config's (`sentemb sweep` tracks its metric so)."""
     silence_known_noise()
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)  # `--ckpt_path` loads with weights_only=True as well
     return SentEmbCLI(
         SentEmbMethod,
         SentEmbDataModule,
