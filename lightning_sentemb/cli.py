@@ -15,6 +15,7 @@ exit 2; `SENTEMB_DEBUG=1` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -71,8 +72,8 @@ def evaluate_main(args: list[str]) -> None:
     except ValueError as error:
         parser.error(str(error))
     report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
-    results_file = report_dir / "results.json" if report_dir is not None else options.output and Path(options.output)
-    if results_file:
+    results_file = None if options.output is None else report_dir / "results.json" if report_dir else Path(options.output)
+    if results_file is not None:
         check_writable(results_file, "--output")
     device = options.device or ("cuda" if _cuda() else "cpu")
     results: dict[str, dict] = {}
@@ -80,14 +81,14 @@ def evaluate_main(args: list[str]) -> None:
     def save(model: str, partial: dict[str, dict]) -> None:
         """Keep every finished evaluator on disk: a later failure must not discard it."""
         results[model] = partial
-        if results_file:
+        if results_file is not None:
             atomic_write_bytes(results_file, encode_results(results[model] if len(options.model) == 1 else results))
 
     for model in options.model:
         method = load_method(model, options.pooler, trust_checkpoint=options.trust_checkpoint,
                              eval_precision=options.precision).to(device)
         evaluate_suite(
-            partial_encode(method.encode, batch_size=options.batch_size), evaluators, options.data_dir,
+            functools.partial(method.encode, batch_size=options.batch_size), evaluators, options.data_dir,
             (report_dir or Path(".")) / "figures", name=Path(model).stem, aggregation=options.aggregation,
             on_result=lambda partial, model=model: save(model, partial),
         )
@@ -96,13 +97,8 @@ def evaluate_main(args: list[str]) -> None:
     if report_dir is not None:
         written = write_report(results, report_dir)
         print(f"report: {written['markdown']}")
-    elif results_file:
+    elif results_file is not None:
         print(f"results: {results_file}")
-
-
-def partial_encode(encode, **fixed):
-    """`encode` with some keyword arguments fixed; the suite still passes its `label`."""
-    return lambda sentences, **kwargs: encode(sentences, **fixed, **kwargs)
 
 
 def check_writable(path: Path, option: str) -> None:
