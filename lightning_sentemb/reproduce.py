@@ -98,7 +98,12 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path) -> None:
 def reproduce_main(args: list[str]) -> None:
     """Entry of `sentemb reproduce (--method M | -c FILE ...) --seeds N [--root DIR] [-- fit overrides]`."""
     args, overrides = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
-    parser = argparse.ArgumentParser(prog="sentemb reproduce", description="Fit once per seed, test, aggregate.")
+    parser = argparse.ArgumentParser(
+        prog="sentemb reproduce", description="Fit once per seed, test, aggregate.",
+        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--root DIR] [-- FIT ARGS ...]",
+        epilog="Arguments after `--` are appended to every seed's `sentemb fit` "
+               "(e.g. -- -c experiments/trainer/a100.yaml or -- --trainer.max_steps=50).",
+    )
     parser.add_argument("--method", help="runs experiments/METHOD.yaml")
     parser.add_argument("-c", "--config", action="append", default=[], help="config file(s), after --method's")
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("5"), help="N (seeds 0..N-1) or a,b,c")

@@ -15,6 +15,7 @@ smaller model); they may not name a swept parameter.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import shlex
 import traceback
@@ -30,6 +31,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
 from .atomic_io import atomic_write_json
+from .errors import SentEmbUserError
 from .lightning_cli import lightning_main
 
 if TYPE_CHECKING:
@@ -221,15 +223,25 @@ def report(sweep: dict[str, Any], done: list[LocalRun], root: Path) -> None:
 def sweep_main(args: list[str]) -> None:
     """Entry of `sentemb sweep FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- fit overrides]`."""
     args, overrides = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
-    parser = argparse.ArgumentParser(prog="sentemb sweep", description="Run a W&B sweep file locally, offline.")
+    parser = argparse.ArgumentParser(
+        prog="sentemb sweep", description="Run a W&B sweep file locally, offline.",
+        usage="sentemb sweep SWEEP_FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- FIT ARGS ...]",
+        epilog="Arguments after `--` are appended to every run's `sentemb fit` (e.g. -- -c experiments/trainer/a100.yaml).",
+    )
     parser.add_argument("sweep_file", help="W&B sweep YAML (experiments/sweeps/*.yaml)")
     parser.add_argument("--runs", type=int, default=None, help="number of runs (default: every grid point)")
     parser.add_argument("--root", default=None, help="output folder (default out/sweeps/<file stem>)")
     parser.add_argument("--method", choices=["grid", "random", "bayes"], help="replace the file's search method")
     parser.add_argument("--seed", type=int, default=0, help="seed of the engine's random proposals")
     options = parser.parse_args(args)
+    if importlib.util.find_spec("sweeps") is None:
+        raise SentEmbUserError("sentemb sweep needs the `sweep` extra (W&B's sweep engine): "
+                               "pip install -e '.[sweep]' (or pip install sweeps==0.2.0)")
     # every run's arguments are passed to LightningCLI on purpose, beside this command's own sys.argv
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+    # sweeps 0.2.0 declares pydantic-1-style models; pydantic 2 warns about them at import
+    warnings.filterwarnings("ignore", message="Valid config keys have changed in V2")
+    warnings.filterwarnings("ignore", message="Support for class-based `config` is deprecated")
     sweep = load_sweep(options.sweep_file)
     if options.method:
         sweep["method"] = options.method

@@ -39,9 +39,11 @@ def test_download_lays_out_the_data_dir(tmp_path, tmp_path_factory, monkeypatch,
 
 
 def test_check_reports_missing_files_with_the_fetch_command(tmp_path, capsys):
-    missing = check_data_dir(tmp_path)
-    assert "corpora/nli_for_simcse.csv" in missing
-    assert f"sentemb data download --to {tmp_path}" in capsys.readouterr().out
+    incomplete = check_data_dir(tmp_path, required=["sts", "nli"])
+    assert incomplete == ["sts", "nli"]
+    out = capsys.readouterr().out
+    assert str(tmp_path / "corpora" / "nli_for_simcse.csv") in out
+    assert f"sentemb data download --to {tmp_path} --what nli" in out
 
 
 def test_unknown_item_is_a_clear_error(tmp_path):

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import SentEmbUserError
 from ..evaluation.suite import parse_evaluators
 from .corpus import tokenized_corpus
-from .paths import resolve_data_dir
+from .paths import require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
 
 
@@ -59,7 +59,7 @@ class SentEmbDataModule(LightningDataModule):
         data_dir: data directory (SimCSE/SentEval layout); default `$SENTEMB_DATA`, else `./data`.
         max_seq_len: training length in tokens, special tokens included (templates come on top).
         batch_size: per-device training batch; the global batch is batch_size × devices.
-        eval_batch_size: pairs per evaluation batch.
+        eval_batch_size: pairs per evaluation batch; `sentemb fit` also gives it to the method (`encode`).
         num_workers: DataLoader workers.
         max_train_examples: use only the first N training examples (demos, tests).
         val_tasks / test_tasks: STS tasks by SentEval name, evaluated at validation / test.
@@ -99,6 +99,14 @@ class SentEmbDataModule(LightningDataModule):
     def train_path(self) -> str:
         path = self.hparams.train_file
         return path if os.path.isabs(path) else str(self.data_dir / path)
+
+    def check_data(self, stage: str) -> None:
+        """Fail with the missing path and the fetch command before a run (and its W&B run) starts:
+        the training corpus for `fit`, the STS sets the stage evaluates."""
+        if stage == "fit":
+            require_file(self.train_path(), "training corpus")
+        for name in self.test_tasks if stage == "test" else self.val_tasks:
+            load_sts_task(name, self.data_dir)
 
     def setup(self, stage: str | None = None) -> None:
         if self.trainer is not None:

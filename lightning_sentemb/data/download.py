@@ -6,9 +6,12 @@ import os
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
-from .paths import resolve_data_dir
+from ..errors import SentEmbUserError
+from .paths import require_file, resolve_data_dir
 
 SIMCSE_REPO = "princeton-nlp/datasets-for-simcse"
 SOURCES = {  # what: (file in SimCSE's dataset repo, destination under the data dir)
@@ -16,16 +19,16 @@ SOURCES = {  # what: (file in SimCSE's dataset repo, destination under the data 
     "wiki1m": ("wiki1m_for_simcse.txt", "corpora/wiki1m_for_simcse.txt"),
     "nli": ("nli_for_simcse.csv", "corpora/nli_for_simcse.csv"),
 }
-EXPECTED = (
-    "senteval/downstream/STS/STS12-en-test/STS.input.MSRpar.txt",
-    "senteval/downstream/STS/STS16-en-test/STS.gs.headlines.txt",
-    "senteval/downstream/STS/STSBenchmark/sts-dev.csv",
-    "senteval/downstream/STS/STSBenchmark/sts-test.csv",
-    "senteval/downstream/SICK/SICK_trial.txt",
-    "senteval/downstream/SICK/SICK_test_annotated.txt",
-    "corpora/wiki1m_for_simcse.txt",
-    "corpora/nli_for_simcse.csv",
-)
+# What `sentemb data check` reports, per evaluator / corpus, and the `download` item that fetches it
+# (None: not fetched by `sentemb data download`; the clustering sets come from SCCL's and the
+# datasets' own pages).
+CHECK_GROUPS: dict[str, tuple[str, str | None]] = {
+    "sts": ("STS12-16, STS-B, SICK-R and their dev sets: every fit, --tasks sts", "senteval"),
+    "transfer": ("SentEval transfer tasks: --tasks transfer,fewshot", "senteval"),
+    "cluster": ("short-text clustering, DBpedia, AG News: --tasks cluster", None),
+    "wiki1m": ("unsupervised training corpus", "wiki1m"),
+    "nli": ("supervised training corpus (*_sup.yaml)", "nli"),
+}
 
 
 def _downstream_root(extracted: Path) -> Path:
@@ -62,12 +65,47 @@ def download(to: str | os.PathLike, what: list[str]) -> None:
         print(f"{item}: {target}")
 
 
-def check_data_dir(data_dir: str | os.PathLike | None = None) -> list[str]:
-    """Print which expected files exist under the data directory; return the missing ones."""
+def _group_items(group: str, root: Path) -> dict[str, Callable[[], object]]:
+    """name -> a loader that raises MissingDataError naming the absent file."""
+    from .clustering import CLUSTERING_TASKS, load_clustering_task
+    from .senteval import DEV_TASKS, STS_TASKS, load_sts_task
+    from .transfer import TRANSFER_TASKS, load_transfer_task
+
+    if group == "sts":
+        return {name: partial(load_sts_task, name, root) for name in STS_TASKS + DEV_TASKS}
+    if group == "transfer":
+        return {name: partial(load_transfer_task, name, root) for name in TRANSFER_TASKS}
+    if group == "cluster":
+        return {name: partial(load_clustering_task, name, root) for name in CLUSTERING_TASKS}
+    destination = SOURCES[group][1]
+    return {destination: partial(require_file, root / destination, f"corpus {group}")}
+
+
+def check_data_dir(data_dir: str | os.PathLike | None = None, required: Sequence[str] = ("sts",)) -> list[str]:
+    """Print, per evaluator / corpus (`CHECK_GROUPS`), which of its data sets the directory holds
+    (each is read, so a corrupt file shows too); return the `required` groups that are incomplete."""
+    unknown = set(required) - set(CHECK_GROUPS)
+    if unknown:
+        raise SentEmbUserError(f"--require: unknown group(s) {', '.join(sorted(unknown))}; "
+                               f"choose from {', '.join(CHECK_GROUPS)} or all")
     root = resolve_data_dir(data_dir)
-    missing = [rel for rel in EXPECTED if not (root / rel).exists()]
-    for rel in EXPECTED:
-        print(f"{'ok     ' if rel not in missing else 'missing'} {root / rel}")
-    if missing:
-        print(f"{len(missing)} missing: fetch with `sentemb data download --to {root}`")
-    return missing
+    print(f"data directory: {root}")
+    incomplete = []
+    for group, (purpose, item) in CHECK_GROUPS.items():
+        problems = []
+        items = _group_items(group, root)
+        for name, load in items.items():
+            try:
+                load()
+            except (SentEmbUserError, ValueError, UnicodeDecodeError) as error:
+                problems.append(f"{name}: {str(error).split('. Fetch it')[0]}")
+        state = "ok" if not problems else "missing" if len(problems) == len(items) else "partial"
+        fetch = f"`sentemb data download --to {root} --what {item}`" if item else "not fetched by `sentemb data download`"
+        print(f"{group:9} {state:8} {len(items) - len(problems)}/{len(items)}  {purpose}")
+        for problem in problems:
+            print(f"            {problem}")
+        if problems:
+            print(f"            fetch: {fetch}")
+            if group in required:
+                incomplete.append(group)
+    return incomplete

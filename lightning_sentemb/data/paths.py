@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import SentEmbUserError
 
 DATA_ENV_VAR = "SENTEMB_DATA"
-FETCH_HINT = "sentemb data download --to DIR (or point --data-dir / SENTEMB_DATA at an existing mirror)"
+FETCH_HINT = "`sentemb data download --to DIR` (or point --data-dir / SENTEMB_DATA at an existing mirror)"
 
 
 class MissingDataError(SentEmbUserError, FileNotFoundError):
@@ -31,5 +31,5 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     """Return ``path`` if it exists, else raise one error naming it and the fetch command."""
     path = Path(path)
     if not path.exists():
-        raise MissingDataError(f"{what} not found at {path}. Fetch it with `{FETCH_HINT}`.")
+        raise MissingDataError(f"{what} not found at {path}. Fetch it with {FETCH_HINT}.")
     return path

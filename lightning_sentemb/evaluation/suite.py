@@ -25,41 +25,54 @@ def parse_evaluators(spec: str | Sequence[str]) -> list[str]:
 
 
 def evaluate_suite(
-    encode: Callable[[list[str]], torch.Tensor],
+    encode: Callable[..., torch.Tensor],
     evaluators: Sequence[str],
     data_dir: str | os.PathLike | None = None,
     figure_dir: str | os.PathLike = "figures",
     name: str = "model",
     aggregation: str = "all",
+    on_result: Callable[[dict[str, dict]], None] | None = None,
 ) -> dict[str, dict]:
     """Run the named evaluators with one `encode`; keys: sts, transfer, clustering, analysis, frequent_tokens.
 
-    `fewshot` adds ConPVP's 16-shot runs to the transfer results (and implies `transfer`).
+    `encode(sentences, label=...)` is `SentEmbMethod.encode`: the label names the evaluator on its
+    progress bar. `on_result(results so far)` is called as each evaluator finishes, so a caller can
+    keep finished results when a later one fails. `fewshot` adds ConPVP's 16-shot runs to the
+    transfer results (and implies `transfer`).
     """
     from .analysis import analyze_sts_pairs, frequent_token_removal
     from .clustering import evaluate_clustering
     from .transfer import evaluate_transfer
 
-    def encode_numpy(sentences: list[str]) -> np.ndarray:
-        return encode(list(sentences)).float().cpu().numpy()
+    def labelled(label: str) -> Callable[[list[str]], torch.Tensor]:
+        return lambda sentences: encode(list(sentences), label=label)
+
+    def numpy(label: str) -> Callable[[list[str]], np.ndarray]:
+        return lambda sentences: labelled(label)(sentences).float().cpu().numpy()
+
+    def finished(key: str, result: dict) -> None:
+        results[key] = result
+        if on_result is not None:
+            on_result(results)
 
     evaluators = parse_evaluators(evaluators)
     results: dict[str, dict] = {}
     if "sts" in evaluators:
-        results["sts"] = evaluate_sts(encode, [load_sts_task(t, data_dir) for t in STS_TASKS], aggregation)
+        finished("sts", evaluate_sts(labelled("sts"), [load_sts_task(t, data_dir) for t in STS_TASKS], aggregation))
     if "transfer" in evaluators or "fewshot" in evaluators:
-        results["transfer"] = evaluate_transfer(encode_numpy, data_dir, few_shot="fewshot" in evaluators)
+        finished("transfer", evaluate_transfer(numpy("transfer"), data_dir, few_shot="fewshot" in evaluators))
     if "cluster" in evaluators:
-        results["clustering"] = evaluate_clustering(encode_numpy, data_dir)
+        finished("clustering", evaluate_clustering(numpy("cluster"), data_dir))
     if "analysis" in evaluators:
         stsb = load_sts_task("STSBenchmark", data_dir)
-        results["analysis"] = analyze_sts_pairs(encode_numpy, stsb.first, stsb.second, stsb.gold, Path(figure_dir),
-                                                name=name)
+        finished("analysis", analyze_sts_pairs(numpy("analysis: STS-B pairs"), stsb.first, stsb.second, stsb.gold,
+                                               Path(figure_dir), name=name))
         sts_tasks = [load_sts_task(t, data_dir) for t in STS_TASKS]
-        results["frequent_tokens"] = frequent_token_removal(
-            encode_numpy, lambda enc: evaluate_sts(lambda s: torch.as_tensor(enc(s)), sts_tasks, aggregation)["avg"],
+        finished("frequent_tokens", frequent_token_removal(
+            numpy("analysis: frequent tokens removed"),
+            lambda enc: evaluate_sts(lambda s: torch.as_tensor(enc(s)), sts_tasks, aggregation)["avg"],
             stsb.first + stsb.second,
-        )
+        ))
     return results
 
 

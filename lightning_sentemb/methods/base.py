@@ -50,7 +50,7 @@ class SentEmbMethod(LightningModule):
         mlm_probability: fraction of tokens masked for the auxiliary loss.
         eval_max_length: truncation at evaluation; None = the model's maximum (SimCSE's
             evaluation does not truncate; the 32-token limit is for training only).
-        eval_batch_size: sentences per forward in `encode`.
+        eval_batch_size: sentences per forward in `encode` (under `sentemb fit`, set by `data.eval_batch_size`).
         eval_precision: autocast during `encode`: "auto" (bf16/fp16 on GPU, fp32 on CPU),
             "bf16", or "32".
         sts_aggregation: how STS12–16 subsets combine: "all" (SentEval/SimCSE), "wmean", "mean".
@@ -165,8 +165,12 @@ class SentEmbMethod(LightningModule):
         return self.embed({k: v.to(self.device, non_blocking=True) for k, v in features.items()})
 
     @torch.inference_mode()
-    def encode(self, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None) -> Tensor:
-        """(n, hidden) float32 embeddings on CPU, in the input order.
+    def encode(
+        self, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+        label: str = "encode",
+    ) -> Tensor:
+        """(n, hidden) float32 embeddings on CPU, in the input order; `label` names the progress bar
+        (evaluators pass the task running).
 
         Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient,
         autocast per `eval_precision`. Every evaluator calls this.
@@ -179,7 +183,7 @@ class SentEmbMethod(LightningModule):
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
         out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
         with autocast_for(self.device, self.hparams.eval_precision):
-            for start in tqdm(range(0, len(sentences), batch_size), desc="encode", disable=not show):
+            for start in tqdm(range(0, len(sentences), batch_size), desc=label, disable=not show):
                 rows = order[start : start + batch_size]
                 features = self.features_from_ids([sentence_ids[i] for i in rows])
                 out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()

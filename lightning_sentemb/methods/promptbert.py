@@ -14,7 +14,7 @@ from typing import Any, Literal
 from torch import Tensor
 from transformers import AutoConfig
 
-from ..encoders.plain import resolve_model_path
+from ..encoders.plain import load_pretrained
 from ..encoders.template import TemplateEncoder
 from .simcse import SimCSE
 
@@ -24,7 +24,7 @@ ROBERTA_TEMPLATES = ("This sentence : '[X]' means <mask> .", "The sentence : '[X
 
 def default_templates(backbone: str) -> tuple[str, ...]:
     """PromptBERT's template pair for the backbone's family (RoBERTa-style or BERT)."""
-    model_type = AutoConfig.from_pretrained(resolve_model_path(backbone)).model_type
+    model_type = load_pretrained(AutoConfig, backbone).model_type
     return ROBERTA_TEMPLATES if "roberta" in model_type else BERT_TEMPLATES
 
 

