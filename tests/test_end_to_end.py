@@ -34,7 +34,7 @@ def test_fit_keeps_best_checkpoint_by_stsb_dev(trained):
     assert best.exists()
     checkpoint = torch.load(best, weights_only=False)
     assert checkpoint["sentemb_method"] == "lightning_sentemb.methods.simcse.SimCSE"
-    callback = next(v for k, v in checkpoint["callbacks"].items() if "ModelCheckpoint" in k)
+    callback = next(v for k, v in checkpoint["callbacks"].items() if "SentEmbCheckpoint" in k)
     assert callback["monitor"] == "val/STSBenchmark-dev"
     metrics = (trained / "lightning_logs" / "version_0" / "metrics.csv").read_text()
     assert "val/STSBenchmark-dev" in metrics and "val/SICKRelatedness-dev" in metrics and "train/loss" in metrics
