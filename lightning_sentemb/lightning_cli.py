@@ -118,6 +118,9 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
             SentEmbDataModule,
             subclass_mode_model=True,
             parser_kwargs={"parser_mode": "omegaconf"},
+            # the run's config.yaml may be replaced: a resume rewrites it, and a new fit over an earlier
+            # run's checkpoints is refused (or --overwrite) before it is written
+            save_config_kwargs={"overwrite": True},
             trainer_defaults={"default_root_dir": "out", "callbacks": [*callbacks, TrainingGuard(SELECTION_METRIC)]},
             args=args,
         )

@@ -139,7 +139,8 @@ class SentEmbCheckpoint(ModelCheckpoint):
     def _is_last_step(trainer: Trainer) -> bool:
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
             return True
-        last_epoch = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        max_epochs = trainer.max_epochs
+        last_epoch = max_epochs is not None and max_epochs != -1 and trainer.current_epoch + 1 >= max_epochs
         return last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
     # ----- Ctrl-C: the same graceful stop as SIGTERM ----------------------------------------

@@ -127,13 +127,13 @@ class TrainLoader:
     """The training DataLoader over a `ResumableBatchSampler`.
 
     Deliberately not a `DataLoader` itself: under DDP Lightning would swap the sampling for a
-    `DistributedSampler`, which cannot start mid-epoch. Exposes what Lightning and the methods read
-    (`dataset`, `batch_size`, `batch_sampler.set_epoch`).
+    `DistributedSampler`, which cannot start mid-epoch. Exposes what Lightning and the methods read:
+    `dataset`, `batch_size`, and `sampler` (Lightning calls its `set_epoch` before each epoch).
     """
 
     def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, method: Any, num_workers: int) -> None:
         self.dataset = dataset
-        self.batch_sampler = batch_sampler
+        self.sampler = batch_sampler
         self.batch_size = batch_sampler.batch_size
         # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
         self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(method),
@@ -143,7 +143,7 @@ class TrainLoader:
         return iter(self.loader)
 
     def __len__(self) -> int:
-        return len(self.batch_sampler)
+        return len(self.sampler)
 
 
 class SentEmbDataModule(LightningDataModule):
