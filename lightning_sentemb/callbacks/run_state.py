@@ -198,7 +198,8 @@ class TrainingGuard(Callback):
         if loss is None:
             return
         value = float(loss.detach())
-        if not math.isfinite(value):
+        # decided together: a rank stopping alone would leave the others waiting in a collective
+        if not trainer.strategy.reduce_boolean_decision(math.isfinite(value), all=True):
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else "?"
             raise SentEmbUserError(
                 f"training diverged: loss {value} at step {trainer.global_step} (nothing of this step is checkpointed); "

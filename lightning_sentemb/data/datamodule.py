@@ -61,8 +61,8 @@ class ResumableBatchSampler:
 
     Epoch e's order is a permutation seeded by (seed, e), the same on every rank; like
     `DistributedSampler`, rank r takes every world_size-th example from r, and each rank drops its
-    incomplete last batch. `resume(epoch, batches_done)` makes that epoch skip its first batches,
-    so a resumed run sees exactly the remaining ones.
+    incomplete last batch. `resume(batches_done)` (batches trained since the run began) starts at
+    the epoch and batch where those end, so a resumed run sees exactly the remaining ones.
 
     Each batch is a list of (batch seed, example index): the seed, from (seed, epoch, rank, batch
     number), seeds what `collate` draws (`SentEmbMethod.collate_generator`), so MLM masks and
@@ -83,9 +83,9 @@ class ResumableBatchSampler:
         """Called by Lightning before each epoch."""
         self.epoch = epoch
 
-    def resume(self, epoch: int, batches_done: int) -> None:
-        self.epoch = epoch
-        self.resume_point = (epoch, batches_done)
+    def resume(self, batches_done: int) -> None:
+        self.resume_point = divmod(batches_done, len(self)) if len(self) else (0, 0)
+        self.epoch = self.resume_point[0]
 
     def __len__(self) -> int:
         return self.num_examples // self.num_replicas // self.batch_size
@@ -187,7 +187,7 @@ class SentEmbDataModule(LightningDataModule):
         self.test_evaluators = parse_evaluators(test_evaluators)
         self.method = None
         self.train_dataset = None
-        self.resume_point: dict[str, int] | None = None
+        self.batches_done = 0
 
     @property
     def data_dir(self):
@@ -211,19 +211,18 @@ class SentEmbDataModule(LightningDataModule):
         trainer = self.trainer
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         sampler = ResumableBatchSampler(len(self.train_dataset), self.hparams.batch_size, self.method.run_seed, replicas, rank)
-        if self.resume_point is not None:
-            sampler.resume(self.resume_point["epoch"], self.resume_point["batches_done"])
+        sampler.resume(self.batches_done)
         return TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the training data stands (saved in checkpoints): epoch and batches trained in it."""
+        """Where the training data stands (saved in checkpoints): batches trained since the run began."""
         trainer = self.trainer
         if trainer is None or trainer.state.fn != TrainerFn.FITTING:
             return {}
-        return {"epoch": trainer.current_epoch, "batches_done": trainer.fit_loop.epoch_loop.batch_progress.current.processed}
+        return {"batches_done": trainer.fit_loop.epoch_loop.batch_progress.total.processed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.resume_point = dict(state_dict) or None
+        self.batches_done = state_dict.get("batches_done", 0)
 
     def _sts_loaders(self, tasks: list[str]) -> list[DataLoader]:
         return [
