@@ -44,14 +44,16 @@ class RecordLosses(Callback):
 
 
 class TerminateAt(Callback):
-    """Sends SIGTERM to this process once `step` optimizer steps are done (as a pre-emption would)."""
+    """Sends SIGTERM (as a pre-emption would) or SIGINT (Ctrl-C) to this process once `step`
+    optimizer steps are done."""
 
-    def __init__(self, step: int) -> None:
+    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
         self.step = step
+        self.signum = signum
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step and trainer.is_global_zero:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), self.signum)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +200,16 @@ def test_last_checkpoint_follows_the_run_when_the_best_does_not_improve(tiny_ber
     assert checkpoint_step(tmp_path / "checkpoints" / "best.ckpt") == 2
 
 
+def test_ctrl_c_stops_after_the_step_and_saves_last(tiny_bert, sts_fixture, tmp_path):
+    args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "6")
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stopped:
+        lightning_main(["fit", *args], callbacks=[TerminateAt(2, signal.SIGINT)])
+    assert stopped.value.code == 143
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 2
+    assert signal.getsignal(signal.SIGINT) is handler  # the Ctrl-C handler is restored
+
+
 def test_a_new_fit_refuses_an_earlier_runs_checkpoints(tiny_bert, sts_fixture, tmp_path):
     args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "2")
     lightning_main(["fit", *args])
@@ -242,7 +254,8 @@ def test_collapse_warning(recwarn):
 
     guard = TrainingGuard("val/STS")
     trainer = SimpleNamespace(global_step=10, world_size=2, sanity_checking=False, callback_metrics={},
-                              state=SimpleNamespace(fn=TrainerFn.FITTING))
+                              state=SimpleNamespace(fn=TrainerFn.FITTING),
+                              strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
     batch = {"num_views": 2, "batch_size": 8}
 
     def step_then_validate(loss: float, score: float) -> bool:
