@@ -15,6 +15,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
+from lightning_sentemb.callbacks.run_state import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import lightning_main
 
@@ -230,6 +231,7 @@ def test_ckpt_path_last_in_a_new_process(tiny_bert, sts_fixture, tmp_path):
     lightning_main(["fit", *args, "--ckpt_path", "last"])  # nothing to resume yet: starts from step 0
     cli = lightning_main(["validate", *args, "--ckpt_path", "last"])
     assert cli.trainer.ckpt_path == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     lightning_main(["fit", *args, "--trainer.max_steps", "3", "--ckpt_path", "last"])  # continues to step 3
     assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 3
 
@@ -291,3 +293,21 @@ def test_collate_draws_differ_across_workers_and_repeat_after_a_resume(tiny_bert
     assert all(torch.equal(a, b) for a, b in zip(masked(0), with_workers))
     assert all(torch.equal(a, b) for a, b in zip(masked(2, resume_at=4), with_workers[4:]))
     assert len(masked(0, resume_at=4)) == 2
+
+
+def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
+    """A write that dies half-way leaves the previous checkpoint and no temporary file."""
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 1}, path)
+
+    def killed_midway(obj, file):
+        file.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {"global_step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
