@@ -48,7 +48,7 @@ class TerminateAt(Callback):
     """Sends SIGTERM (as a pre-emption would) or SIGINT (Ctrl-C) to this process once `step`
     optimizer steps are done."""
 
-    def __init__(self, step: int, signum: int = signal.SIGTERM) -> None:
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)) -> None:
         self.step = step
         self.signum = signum
 
