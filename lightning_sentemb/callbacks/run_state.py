@@ -86,7 +86,8 @@ class SentEmbCheckpoint(ModelCheckpoint):
                                    f"got {every_n_train_steps}")
         self.last_every_n_train_steps = every_n_train_steps
         self._last_saved_step: int | None = None
-        self._sigint_handler: Any = None
+        self._stop_requested = False
+        self._previous_handlers: dict[int, Any] = {}
 
     @property
     def last_path(self) -> Path:
@@ -106,7 +107,7 @@ class SentEmbCheckpoint(ModelCheckpoint):
     # ----- when last.ckpt is written ---------------------------------------------------------
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._last_saved_step = trainer.global_step  # nothing new to save before the first step
-        self._defer_ctrl_c()
+        self._install_stop_handlers()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -117,6 +118,11 @@ class SentEmbCheckpoint(ModelCheckpoint):
         n = self.last_every_n_train_steps
         if n is not None and trainer.global_step % n == 0:
             self.write_last(trainer, pl_module)
+        # one decision for all ranks (a signal may reach only some), at the same step boundary
+        if trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False):
+            self.write_last(trainer, pl_module)
+            rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
+            raise SIGTERMException
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -125,15 +131,12 @@ class SentEmbCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.write_last(trainer, pl_module)
-        self._restore_ctrl_c()
+        self._restore_handlers()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        """SIGTERM (and a deferred Ctrl-C) stop at a step boundary: save there. Anything else
-        (a bug, a diverged loss, a second Ctrl-C mid-step) may leave a half-done step: save nothing."""
-        self._restore_ctrl_c()
-        if isinstance(exception, SIGTERMException):
-            self.write_last(trainer, pl_module)
-            rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
+        """Anything but our own stop (a bug, a diverged loss, a second Ctrl-C) may come mid-step:
+        nothing is saved then."""
+        self._restore_handlers()
 
     @staticmethod
     def _is_last_step(trainer: Trainer) -> bool:
@@ -143,23 +146,30 @@ class SentEmbCheckpoint(ModelCheckpoint):
         last_epoch = max_epochs is not None and max_epochs != -1 and trainer.current_epoch + 1 >= max_epochs
         return last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
-    # ----- Ctrl-C: the same graceful stop as SIGTERM ----------------------------------------
-    def _defer_ctrl_c(self) -> None:
+    # ----- SIGTERM and Ctrl-C: stop at the next step boundary -------------------------------
+    def _install_stop_handlers(self) -> None:
+        """While training, SIGTERM and the first Ctrl-C only ask for a stop (Lightning's own SIGTERM
+        handler broadcasts from inside the handler, which can deadlock DDP ranks)."""
+        self._stop_requested = False
         if threading.current_thread() is not threading.main_thread():
             return
-        self._sigint_handler = signal.getsignal(signal.SIGINT)
+        self._previous_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
 
-        def stop_after_this_step(signum: int, frame: Any) -> None:
-            rank_zero_info("Ctrl-C: stopping after this step and saving last.ckpt (Ctrl-C again aborts without saving)")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.raise_signal(signal.SIGTERM)  # Lightning's handler: stop at the step boundary, on every rank
+        def request_stop(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self._stop_requested:
+                raise KeyboardInterrupt  # a second Ctrl-C: abort now, nothing saved
+            self._stop_requested = True
+            rank_zero_info(f"{signal.Signals(signum).name}: stopping after this step and saving last.ckpt"
+                           + (" (Ctrl-C again aborts without saving)" if signum == signal.SIGINT else ""))
 
-        signal.signal(signal.SIGINT, stop_after_this_step)
+        for signum in self._previous_handlers:
+            signal.signal(signum, request_stop)
 
-    def _restore_ctrl_c(self) -> None:
-        if self._sigint_handler is not None and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, self._sigint_handler)
-        self._sigint_handler = None
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler)
+        self._previous_handlers = {}
 
 
 def _step_loss(outputs: Any) -> torch.Tensor | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from typing import Any, Sequence
 
@@ -123,6 +124,13 @@ class SeededCollate:
         return self.method.collate([example for _, example in items])
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM and Ctrl-C to the training process, which stops at a step
+    boundary and then shuts them down (a worker killed first would fail the step in flight)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class TrainLoader:
     """The training DataLoader over a `ResumableBatchSampler`.
 
@@ -137,7 +145,8 @@ class TrainLoader:
         self.batch_size = batch_sampler.batch_size
         # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
         self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(method),
-                                 num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed))
+                                 num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed),
+                                 worker_init_fn=ignore_stop_signals)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.loader)
