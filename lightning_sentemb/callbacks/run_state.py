@@ -57,9 +57,10 @@ class SentEmbCheckpoint(ModelCheckpoint):
 
     `last.ckpt` is written at every validation, every `every_n_train_steps` optimizer steps, at the
     end of fit, and when the run is interrupted: SIGTERM (SLURM pre-emption, `scancel`, a time
-    limit with `--signal=TERM@120`) and Ctrl-C stop after the running step, save `last.ckpt`, and
-    exit with status 143. A second Ctrl-C aborts at once without saving. Always at a step
-    boundary and never with non-finite weights, so `--ckpt_path last` resumes exactly.
+    limit with `--signal=TERM@120`) and Ctrl-C stop every rank after the running step and save
+    `last.ckpt` (`sentemb` then exits with status 143). A second Ctrl-C aborts at once without
+    saving. Always at a step boundary and never with non-finite weights, so `--ckpt_path last`
+    resumes exactly.
 
     When the last step of a fit is not a validation step, validation runs after it, so every fit
     reports STS-B dev and selects `best.ckpt` among all validated states.
