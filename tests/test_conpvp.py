@@ -66,7 +66,7 @@ def test_anchor_format_and_sampled_prototype_templates(method: ConPVP, monkeypat
     calls = []
     build = fmt.build
     monkeypatch.setattr(fmt, "build", lambda *args, **kwargs: calls.append(args) or build(*args, **kwargs))
-    torch.manual_seed(0)
+    method.collate_generator.manual_seed(0)
     method.collate(examples(method) * 20)
     n = 60
     templates = list(calls[0][2])
@@ -76,10 +76,10 @@ def test_anchor_format_and_sampled_prototype_templates(method: ConPVP, monkeypat
 
 
 def test_sampling_is_seedable_and_redrawn_every_step(method: ConPVP) -> None:
-    torch.manual_seed(3)
+    method.collate_generator.manual_seed(3)
     first = method.collate(examples(method) * 10)["features"]["input_ids"]
     second = method.collate(examples(method) * 10)["features"]["input_ids"]
-    torch.manual_seed(3)
+    method.collate_generator.manual_seed(3)
     again = method.collate(examples(method) * 10)["features"]["input_ids"]
     assert torch.equal(first, again)
     assert first.shape != second.shape or not torch.equal(first, second)
@@ -99,7 +99,7 @@ def test_one_forward_and_gradients_reach_the_prompt(method: ConPVP) -> None:
 
 def deterministic_loss(method: ConPVP, seed: int = 0) -> tuple[torch.Tensor, dict]:
     """Loss without dropout, templates drawn from `seed`."""
-    torch.manual_seed(seed)
+    method.collate_generator.manual_seed(seed)
     batch = method.collate(examples(method, SENTENCES + ["a dog runs", "an apple falls"]))
     method.eval()
     with torch.no_grad():

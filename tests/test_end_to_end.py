@@ -34,7 +34,7 @@ def test_fit_keeps_best_checkpoint_by_stsb_dev(trained):
     assert best.exists()
     checkpoint = torch.load(best, weights_only=False)
     assert checkpoint["sentemb_method"] == "lightning_sentemb.methods.simcse.SimCSE"
-    callback = next(v for k, v in checkpoint["callbacks"].items() if "ModelCheckpoint" in k)
+    callback = next(v for k, v in checkpoint["callbacks"].items() if "SentEmbCheckpoint" in k)
     assert callback["monitor"] == "val/STSBenchmark-dev"
     metrics = (trained / "lightning_logs" / "version_0" / "metrics.csv").read_text()
     assert "val/STSBenchmark-dev" in metrics and "val/SICKRelatedness-dev" in metrics and "train/loss" in metrics
@@ -134,10 +134,12 @@ def test_encode_is_order_preserving_and_batch_independent(tiny_bert):
 @pytest.mark.slow
 def test_lightning_alias_runs_the_demo_config(shared_data, tmp_path, monkeypatch):
     monkeypatch.setenv("SENTEMB_DATA", str(shared_data))
-    main(["fit", "-c", "experiments/demo/simcse.yaml", "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
+    # fewer steps than the config's val_check_interval (30): validated after the last step all the same
+    main(["fit", "-c", "experiments/demo/simcse.yaml", "--trainer.max_steps", "3",
           "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path),
           "--data.cache_dir", str(tmp_path / "cache"), "--data.max_train_examples", "512"])
-    assert (tmp_path / "checkpoints" / "best.ckpt").exists()
+    assert (tmp_path / "checkpoints" / "best.ckpt").exists() and (tmp_path / "checkpoints" / "last.ckpt").exists()
+    assert "val/STSBenchmark-dev" in (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
 
 
 def test_evaluate_writes_a_report_folder_for_several_models(trained, tiny_bert, sts_fixture, tmp_path):

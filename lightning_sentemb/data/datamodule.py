@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import SentEmbUserError
@@ -48,6 +51,109 @@ def collate_pairs(items: list[dict[str, Any]]) -> dict[str, Any]:
         "subset": torch.tensor([it["subset"] for it in items]),
         "task": items[0]["task"],
     }
+
+
+def batch_seed(*key: int) -> int:
+    """A 63-bit seed drawn from integers (run seed, epoch, rank, batch): unrelated for nearby keys."""
+    return int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
+class ResumableBatchSampler:
+    """Shuffled training batches that can start mid-epoch, DDP-sharded.
+
+    Epoch e's order is a permutation seeded by (seed, e), the same on every rank; like
+    `DistributedSampler`, rank r takes every world_size-th example from r, and each rank drops its
+    incomplete last batch. `resume(batches_done)` (batches trained since the run began) starts at
+    the epoch and batch where those end, so a resumed run sees exactly the remaining ones.
+
+    Each batch is a list of (batch seed, example index): the seed, from (seed, epoch, rank, batch
+    number), seeds what `collate` draws (`SentEmbMethod.collate_generator`), so MLM masks and
+    templates differ across batches, ranks and DataLoader workers and repeat after a resume
+    whatever `num_workers` is.
+    """
+
+    def __init__(self, num_examples: int, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.resume_point = (0, 0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by Lightning before each epoch."""
+        self.epoch = epoch
+
+    def resume(self, batches_done: int) -> None:
+        self.resume_point = divmod(batches_done, len(self)) if len(self) else (0, 0)
+        self.epoch = self.resume_point[0]
+
+    def __len__(self) -> int:
+        return self.num_examples // self.num_replicas // self.batch_size
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch = self.epoch
+        generator = torch.Generator().manual_seed(batch_seed(self.seed, epoch))
+        usable = self.num_examples // self.num_replicas * self.num_replicas
+        order = torch.randperm(self.num_examples, generator=generator)[:usable][self.rank :: self.num_replicas].tolist()
+        first = self.resume_point[1] if self.resume_point[0] == epoch else 0
+        for b in range(first, len(self)):
+            seed = batch_seed(self.seed, epoch, self.rank, b)
+            yield [(seed, i) for i in order[b * self.batch_size : (b + 1) * self.batch_size]]
+
+
+class SeededExamples(Dataset):
+    """`dataset[i]` for the sampler's (batch seed, i) keys, the seed passed along to `collate`."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[int, Any]:
+        seed, index = key
+        return seed, self.dataset[index]
+
+
+class SeededCollate:
+    """Seeds the method's `collate_generator` with the batch's seed, then calls its `collate`."""
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+
+    def __call__(self, items: list[tuple[int, Any]]) -> dict[str, Any]:
+        self.method.collate_generator.manual_seed(items[0][0])
+        return self.method.collate([example for _, example in items])
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave SIGTERM and Ctrl-C to the training process, which stops at a step
+    boundary and then shuts them down (a worker killed first would fail the step in flight)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class TrainLoader:
+    """The training DataLoader over a `ResumableBatchSampler`.
+
+    Deliberately not a `DataLoader` itself: under DDP Lightning would swap the sampling for a
+    `DistributedSampler`, which cannot start mid-epoch. Exposes what Lightning and the methods read:
+    `dataset`, `batch_size`, and `sampler` (Lightning calls its `set_epoch` before each epoch).
+    """
+
+    def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, method: Any, num_workers: int) -> None:
+        self.dataset = dataset
+        self.sampler = batch_sampler
+        self.batch_size = batch_sampler.batch_size
+        # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
+        self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(method),
+                                 num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed),
+                                 worker_init_fn=ignore_stop_signals)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 class SentEmbDataModule(LightningDataModule):
@@ -91,6 +197,7 @@ class SentEmbDataModule(LightningDataModule):
         self.test_evaluators = parse_evaluators(test_evaluators)
         self.method = None
         self.train_dataset = None
+        self.batches_done = 0
 
     @property
     def data_dir(self):
@@ -145,12 +252,22 @@ class SentEmbDataModule(LightningDataModule):
                 "(or a larger data.max_train_examples) or a smaller --data.batch_size"
             )
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(
-            self.train_dataset, batch_size=self.hparams.batch_size, shuffle=True, drop_last=True,
-            collate_fn=self.method.collate, num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
+    def train_dataloader(self) -> TrainLoader:
+        trainer = self.trainer
+        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = ResumableBatchSampler(len(self.train_dataset), self.hparams.batch_size, self.method.run_seed, replicas, rank)
+        sampler.resume(self.batches_done)
+        return TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the training data stands (saved in checkpoints): batches trained since the run began."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return {}
+        return {"batches_done": trainer.fit_loop.epoch_loop.batch_progress.total.processed}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.batches_done = state_dict.get("batches_done", 0)
 
     def _sts_loaders(self, tasks: list[str]) -> list[DataLoader]:
         return [

@@ -7,6 +7,8 @@ A method subclasses `SentEmbMethod` and contributes only what makes it different
 from __future__ import annotations
 
 import math
+import os
+import random
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +19,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..encoders.plain import Encoder
 from ..evaluation.sts import StsSpearman, format_table
@@ -83,7 +86,9 @@ class SentEmbMethod(LightningModule):
                 for task in STS_TASKS + DEV_TASKS
             }
         )
-        self.mlm_generator = torch.Generator().manual_seed(0)
+        # what `collate` draws (MLM masks, templates); the training loader reseeds it for every batch
+        self.collate_generator = torch.Generator().manual_seed(0)
+        self._run_seed: int | None = None
 
     # ----- what a method provides -------------------------------------------------------
     def build_encoder(self) -> Encoder:
@@ -120,7 +125,7 @@ class SentEmbMethod(LightningModule):
             features = batch["features"]
             ids, labels = mask_tokens(
                 features["input_ids"], features["attention_mask"], self.tokenizer,
-                self.hparams.mlm_probability, self.mlm_generator,
+                self.hparams.mlm_probability, self.collate_generator,
             )
             batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels}
         return batch
@@ -128,6 +133,23 @@ class SentEmbMethod(LightningModule):
     def mlm_weight_at(self, step: int) -> float:
         """Weight of the MLM loss at a global step (constant here; DCPCSE decays it)."""
         return self.hparams.mlm_weight
+
+    @property
+    def run_seed(self) -> int:
+        """Seed of the run's data order, collate draws and per-step RNG: the `seed_everything` seed,
+        kept in checkpoints so a resumed run continues the same streams whatever its own seed."""
+        if self._run_seed is None:
+            self._run_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
+        return self._run_seed
+
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Seed torch (CPU and CUDA), numpy and random from (run seed, rank, epoch, batch): dropout,
+        SimCSE's augmentation, then depends only on where the run is, so a resumed run draws what
+        the uninterrupted one drew, and ranks draw differently."""
+        seed = batch_seed(self.run_seed, self.global_rank, self.current_epoch, batch_idx)
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, logs = self.training_loss(batch)
@@ -254,6 +276,11 @@ class SentEmbMethod(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Record the method class so `sentemb evaluate/export` can rebuild it from the file alone."""
         checkpoint["sentemb_method"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        checkpoint["sentemb_run_seed"] = self.run_seed
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A resumed run keeps the seed of the run it continues."""
+        self._run_seed = checkpoint.get("sentemb_run_seed", self._run_seed)
 
     def write_export(self, folder: Path) -> None:
         """Write this method as a HF + sentence-transformers folder (prompt formats override)."""

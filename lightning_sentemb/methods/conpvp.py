@@ -47,9 +47,9 @@ Prototypes = Literal["both", "positive", "none"]
 class ConPVP(PromptMethod):
     """ConPVP on a one-column corpus (other columns are ignored).
 
-    Templates are sampled per example at every training step from torch's global generator, so
-    `seed_everything` makes them reproducible and DataLoader workers draw different ones (the
-    reference fixes one template per example at preprocessing). Training embeddings are
+    Templates are sampled per example at every training step from `collate_generator`, seeded per
+    batch from the run seed, so they are reproducible, differ across DataLoader workers and repeat
+    after a resume (the reference fixes one template per example at preprocessing). Training embeddings are
     template-denoised (`denoise_train`, the paper's footnote 1) — anchors and prototypes alike, each
     against its own template's bias.
 
@@ -88,8 +88,9 @@ class ConPVP(PromptMethod):
         if self.hparams.prototypes == "none":
             return self.collate_views(examples, ["sent0", "sent0"], [[0] * n, [0] * n])
         num_positive = len(self.hparams.positive_templates)
-        views = [[0] * n, (1 + torch.randint(num_positive, (n,))).tolist()]
+        views = [[0] * n, (1 + torch.randint(num_positive, (n,), generator=self.collate_generator)).tolist()]
         if self.hparams.prototypes == "both":
             first_negative = 1 + num_positive
-            views.append((first_negative + torch.randint(len(self.hparams.negative_templates), (n,))).tolist())
+            negatives = torch.randint(len(self.hparams.negative_templates), (n,), generator=self.collate_generator)
+            views.append((first_negative + negatives).tolist())
         return self.collate_views(examples, ["sent0"] * len(views), views)

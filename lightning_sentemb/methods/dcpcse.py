@@ -181,6 +181,7 @@ class DCPCSE(SimCSE):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Re-attach the frozen backbone this module was built with (loaded from `backbone`), so strict
         loading passes and still reports any missing or unexpected trainable tensor."""
+        super().on_load_checkpoint(checkpoint)
         state = checkpoint["state_dict"]
         trainable = self.trainable_state_keys()
         for name, tensor in self.state_dict().items():

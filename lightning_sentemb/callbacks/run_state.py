@@ -1,0 +1,239 @@
+"""What makes every fit leave a usable, resumable result.
+
+- `SentEmbCheckpoint`: `best.ckpt` (best by STS-B dev, Lightning's `ModelCheckpoint`) and `last.ckpt`
+  (the latest state: every validation, every `every_n_train_steps` steps, the end of fit, and an
+  interruption by SIGTERM, SLURM's pre-emption signal or Ctrl-C), plus a validation after the last
+  step when that step was not a validation step.
+- `AtomicCheckpointIO`: checkpoint files written beside the target and renamed, never half-written.
+- `TrainingGuard`: a non-finite loss stops the run before anything of it is saved; a collapsed model
+  (in-batch loss at ln(candidates) and STS-B dev not above its start) gets a logged warning.
+
+Exact resume also needs the data order and the per-step randomness: `SentEmbDataModule` (resumable
+sampler, per-batch seeds for `collate`) and `SentEmbMethod.on_train_batch_start` (per-step RNG seeds).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from ..atomic_io import atomic_write
+from ..errors import SentEmbUserError
+
+__all__ = ["AtomicCheckpointIO", "SentEmbCheckpoint", "TrainingGuard", "LAST_NAME"]
+
+LAST_NAME = "last"
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """`torch.save` into a temporary file beside the target, then one rename: a kill at any moment
+    leaves the previous checkpoint or none (Lightning's own writer stages in `$TMPDIR`, which may be
+    another filesystem, where the final move is a copy that a kill can cut short)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options; got {storage_options!r}")
+        atomic_write(path, lambda file: torch.save(checkpoint, file))
+
+
+def _finite_weights(module: LightningModule) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+
+
+class SentEmbCheckpoint(ModelCheckpoint):
+    """`best.ckpt` by `monitor` at each validation, and `last.ckpt`, the latest state.
+
+    `last.ckpt` is written at every validation, every `every_n_train_steps` optimizer steps, at the
+    end of fit, and when the run is interrupted: SIGTERM (SLURM pre-emption, `scancel`, a time
+    limit with `--signal=TERM@120`) and Ctrl-C stop every rank after the running step and save
+    `last.ckpt` (`sentemb` then exits with status 143). A second Ctrl-C aborts at once without
+    saving. Always at a step boundary and never with non-finite weights, so `--ckpt_path last`
+    resumes exactly.
+
+    When the last step of a fit is not a validation step, validation runs after it, so every fit
+    reports STS-B dev and selects `best.ckpt` among all validated states.
+
+    Args:
+        every_n_train_steps: also write `last.ckpt` every N steps (None: only at the events above).
+            Unlike `ModelCheckpoint`'s, it does not move the `best.ckpt` selection off validation.
+        Others: see `ModelCheckpoint` (`best.ckpt` is its `filename`; top-1, no version suffix).
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        filename: str = "best",
+        monitor: str | None = None,
+        mode: str = "max",
+        every_n_train_steps: int | None = None,
+        verbose: bool = False,
+    ) -> None:
+        super().__init__(dirpath=dirpath, filename=filename, monitor=monitor, mode=mode, save_top_k=1,
+                         enable_version_counter=False, verbose=verbose)
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise SentEmbUserError(f"--checkpoint.every_n_train_steps must be a positive number of steps or null; "
+                                   f"got {every_n_train_steps}")
+        self.last_every_n_train_steps = every_n_train_steps
+        self._last_saved_step: int | None = None
+        self._stop_requested = False
+        self._previous_handlers: dict[int, Any] = {}
+
+    @property
+    def last_path(self) -> Path:
+        return Path(self.dirpath) / f"{LAST_NAME}{self.FILE_EXTENSION}"
+
+    def write_last(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Write `last.ckpt` (once per step) unless the weights are not finite."""
+        if trainer.sanity_checking or self._last_saved_step == trainer.global_step:
+            return
+        if not _finite_weights(pl_module):
+            rank_zero_warn(f"last.ckpt not written at step {trainer.global_step}: the weights are not finite")
+            return
+        trainer.save_checkpoint(self.last_path)
+        self._last_saved_step = trainer.global_step
+        self.last_model_path = str(self.last_path)
+
+    # ----- when last.ckpt is written ---------------------------------------------------------
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_saved_step = trainer.global_step  # nothing new to save before the first step
+        self._install_stop_handlers()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if self._is_last_step(trainer):
+            trainer.should_stop = True  # makes the epoch loop validate after this step
+        n = self.last_every_n_train_steps
+        if n is not None and trainer.global_step % n == 0:
+            self.write_last(trainer, pl_module)
+        # one decision for all ranks (a signal may reach only some), at the same step boundary
+        if trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False):
+            self.write_last(trainer, pl_module)
+            rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
+            raise SIGTERMException
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.write_last(trainer, pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.write_last(trainer, pl_module)
+        self._restore_handlers()
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Anything but our own stop (a bug, a diverged loss, a second Ctrl-C) may come mid-step:
+        nothing is saved then."""
+        self._restore_handlers()
+
+    @staticmethod
+    def _is_last_step(trainer: Trainer) -> bool:
+        if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+            return True
+        max_epochs = trainer.max_epochs
+        last_epoch = max_epochs is not None and max_epochs != -1 and trainer.current_epoch + 1 >= max_epochs
+        return last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+    # ----- SIGTERM and Ctrl-C: stop at the next step boundary -------------------------------
+    def _install_stop_handlers(self) -> None:
+        """While training, SIGTERM and the first Ctrl-C only ask for a stop (Lightning's own SIGTERM
+        handler broadcasts from inside the handler, which can deadlock DDP ranks)."""
+        self._stop_requested = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if signum == signal.SIGINT and self._stop_requested:
+                raise KeyboardInterrupt  # a second Ctrl-C: abort now, nothing saved
+            self._stop_requested = True
+            rank_zero_info(f"{signal.Signals(signum).name}: stopping after this step and saving last.ckpt"
+                           + (" (Ctrl-C again aborts without saving)" if signum == signal.SIGINT else ""))
+
+        for signum in self._previous_handlers:
+            signal.signal(signum, request_stop)
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._previous_handlers.items():
+                signal.signal(signum, handler)
+        self._previous_handlers = {}
+
+
+def _step_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss `training_step` returned (a tensor, or a mapping with "loss"), automatic or manual
+    optimization alike."""
+    if isinstance(outputs, Mapping):
+        outputs = outputs.get("loss")
+    return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+class TrainingGuard(Callback):
+    """Stops a diverged run and warns about a collapsed one.
+
+    Reads the loss `training_step` returns (so it works with automatic and manual optimization)
+    after the step: a NaN/inf loss raises a one-line `SentEmbUserError` naming the step, the learning
+    rate and the precision, before any checkpoint of that step is written (`SentEmbCheckpoint`
+    runs after this callback and saves nothing on an error).
+
+    Collapse (every sentence mapped to the same vector) shows as an in-batch softmax loss at
+    ln(candidates), candidates = global batch × (views − 1); at each validation, a warning is
+    logged when the last training loss is within `collapse_tolerance` of it and `monitor` is not
+    above the first validation of the run.
+    """
+
+    def __init__(self, monitor: str, collapse_tolerance: float = 0.02) -> None:
+        self.monitor = monitor
+        self.collapse_tolerance = collapse_tolerance
+        self.last_loss: float | None = None
+        self.collapse_loss: float | None = None
+        self.start_score: float | None = None
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        loss = _step_loss(outputs)
+        if loss is None:
+            return
+        value = float(loss.detach())
+        # decided together: a rank stopping alone would leave the others waiting in a collective
+        if not trainer.strategy.reduce_boolean_decision(math.isfinite(value), all=True):
+            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else "?"
+            raise SentEmbUserError(
+                f"training diverged: loss {value} at step {trainer.global_step} (nothing of this step is checkpointed); "
+                f"lower --model.lr (now {lr:.3g} at this step) or raise --trainer.precision (now {trainer.precision}; "
+                "32 or bf16-mixed instead of 16-mixed), then resume with --ckpt_path last or start again"
+            )
+        self.last_loss = value
+        if isinstance(batch, Mapping) and "num_views" in batch:
+            size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
+            self.collapse_loss = math.log(size * trainer.world_size * max(batch["num_views"] - 1, 1))
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        score = trainer.callback_metrics.get(self.monitor)
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or score is None:
+            return
+        score = float(score)
+        if self.start_score is None:
+            self.start_score = score
+        if self.last_loss is None or self.collapse_loss is None:
+            return
+        if abs(self.last_loss - self.collapse_loss) <= self.collapse_tolerance * self.collapse_loss and score <= self.start_score:
+            rank_zero_warn(
+                f"the model looks collapsed at step {trainer.global_step}: training loss {self.last_loss:.4f} ≈ "
+                f"ln(in-batch candidates) = {self.collapse_loss:.4f} and {self.monitor} {score:.2f} is not above its "
+                f"start ({self.start_score:.2f}); lower --model.lr"
+            )

@@ -1,0 +1,313 @@
+"""Every fit leaves a usable, resumable result: last.ckpt and best.ckpt, end-of-fit validation, exact
+mid-epoch resume after SIGTERM (bit for bit, per method, with and without DataLoader workers, under
+2-process DDP), no stale checkpoints, the divergence guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from lightning_sentemb.callbacks.run_state import AtomicCheckpointIO
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.lightning_cli import lightning_main
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_STEPS, KILL_AT = 7, 3  # 20 sentences / batch 4 = 5 batches an epoch: the resume crosses an epoch
+
+METHODS = {
+    "simcse": ["--model", "lightning_sentemb.methods.SimCSE", "--model.pooler", "cls"],
+    "promptbert": ["--model", "lightning_sentemb.methods.PromptBERT"],
+    "conpvp": ["--model", "lightning_sentemb.methods.ConPVP", "--model.prompt_length", "2"],
+    "dcpcse": ["--model", "lightning_sentemb.methods.DCPCSE", "--model.prefix_len", "2", "--model.mlm_weight", "0.1",
+               "--model.lr", "1e-2"],
+    "clusterns": ["--model", "lightning_sentemb.methods.ClusterNS", "--model.num_clusters", "2", "--model.sigma", "1.0"],
+}
+
+
+class RecordLosses(Callback):
+    """Appends (global step, training loss) of rank 0 to a JSON-lines file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.is_global_zero:
+            with open(self.path, "a") as file:
+                file.write(json.dumps([trainer.global_step, float(outputs["loss"])]) + "\n")
+
+
+class TerminateAt(Callback):
+    """Sends SIGTERM (as a pre-emption would) or SIGINT (Ctrl-C) to this process once `step`
+    optimizer steps are done."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)) -> None:
+        self.step = step
+        self.signum = signum
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.is_global_zero:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    words = ["cats", "dogs", "birds", "fish", "kids"]
+    path.write_text("".join(f"sentence {i} is about {words[i % 5]} and {words[i * 3 % 5]} .\n" for i in range(20)))
+    return path
+
+
+def run_args(method: str, backbone: str, data: Path, corpus: Path, root: Path, workers: int, *extra: str) -> list[str]:
+    return [
+        *METHODS[method], "--model.backbone", backbone, "--seed_everything", "7",
+        "--data.data_dir", str(data), "--data.train_file", str(corpus), "--data.batch_size", "4",
+        "--data.num_workers", str(workers), "--data.cache_dir", str(root.parent / "cache"),
+        "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.default_root_dir", str(root),
+        "--trainer.max_steps", str(MAX_STEPS), "--trainer.val_check_interval", "5",
+        "--trainer.check_val_every_n_epoch", "null", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+        *extra,
+    ]
+
+
+def fit(args: list[str], losses: Path, *callbacks: Callback) -> None:
+    lightning_main(["fit", *args], callbacks=[RecordLosses(str(losses)), *callbacks])
+
+
+def read_losses(path: Path) -> dict[int, float]:
+    return dict(json.loads(line) for line in path.read_text().splitlines())
+
+
+def trained_state(root: Path) -> dict[str, torch.Tensor]:
+    return torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
+    """The reference run of each method (no workers), computed once."""
+    cache = {}
+
+    def reference(method: str) -> tuple[dict[int, float], dict[str, torch.Tensor]]:
+        if method not in cache:
+            root = tmp_path_factory.mktemp(f"{method}-reference")
+            fit(run_args(method, tiny_bert, sts_fixture, corpus, root, 0), root / "losses.jsonl")
+            cache[method] = read_losses(root / "losses.jsonl"), trained_state(root)
+        return cache[method]
+
+    return reference
+
+
+# each method once, stopped with one num_workers and resumed with the other (the reference has none),
+# so both settings are checked against the reference, before and after a resume
+@pytest.mark.parametrize(("method", "workers", "resume_workers"),
+                         [("simcse", 0, 2), ("promptbert", 2, 0), ("conpvp", 2, 0), ("dcpcse", 2, 0), ("clusterns", 0, 2)])
+def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
+                                           corpus, tmp_path):
+    expected_losses, expected_state = uninterrupted(method)
+    root = tmp_path / "run"
+    args = run_args(method, tiny_bert, sts_fixture, corpus, root, workers)
+    with pytest.raises(SystemExit) as stopped:
+        fit(args, tmp_path / "losses.jsonl", TerminateAt(KILL_AT))
+    assert stopped.value.code == 143
+    saved = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == KILL_AT
+    if method == "clusterns":
+        assert bool(saved["state_dict"]["cluster_state.initialized"])  # the resume carries live centroids
+    fit([*args, "--data.num_workers", str(resume_workers), "--ckpt_path", "last"], tmp_path / "losses.jsonl")
+    assert read_losses(tmp_path / "losses.jsonl") == expected_losses  # float equality: bit for bit
+    assert sorted(expected_losses) == list(range(1, MAX_STEPS + 1))
+    state = trained_state(root)
+    assert state.keys() == expected_state.keys()
+    assert all(torch.equal(state[k], expected_state[k]) for k in state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["simcse", "clusterns"])
+def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, corpus, tmp_path):
+    """The same under 2-process CPU DDP (gloo): SIGTERM on rank 0 stops both ranks at one step."""
+
+    def launch(root: Path, losses: Path, *extra: str) -> subprocess.CompletedProcess:
+        callbacks = [{"class_path": "tests.test_resume.RecordLosses", "init_args": {"path": str(losses)}}]
+        callbacks += [{"class_path": "tests.test_resume.TerminateAt", "init_args": {"step": KILL_AT}}] if extra == ("kill",) else []
+        config = root.parent / f"{root.name}-callbacks.yaml"
+        config.write_text(json.dumps({"trainer": {"callbacks": callbacks}}))
+        args = run_args(method, tiny_bert, sts_fixture, corpus, root, 0, "--data.batch_size", "2",
+                        "--trainer.strategy", "ddp", "--trainer.devices", "2", "-c", str(config),
+                        *(a for a in extra if a != "kill"))
+        return subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, timeout=600,
+                              env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+
+    reference = launch(tmp_path / "reference", tmp_path / "reference.jsonl")
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    stopped = launch(tmp_path / "run", tmp_path / "run.jsonl", "kill")
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    resumed = launch(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert read_losses(tmp_path / "run.jsonl") == read_losses(tmp_path / "reference.jsonl")
+    state, expected = trained_state(tmp_path / "run"), trained_state(tmp_path / "reference")
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+
+
+def short_fit_args(backbone: str, data: Path, root: Path, *extra: str) -> list[str]:
+    from tests.test_end_to_end import fit_args
+
+    return [*fit_args(backbone, data, root), "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.enable_model_summary",
+            "false", *extra]
+
+
+def checkpoint_step(path: Path) -> int:
+    return torch.load(path, weights_only=False)["global_step"]
+
+
+def test_fit_shorter_than_the_validation_interval_leaves_checkpoints_and_metrics(tiny_bert, sts_fixture, tmp_path):
+    lightning_main(["fit", *short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "3",
+                                           "--trainer.val_check_interval", "30")])
+    assert checkpoint_step(tmp_path / "checkpoints" / "best.ckpt") == 3
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 3
+    metrics = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
+    assert "val/STSBenchmark-dev" in metrics
+
+
+class LastCheckpointSteps(Callback):
+    """{global step: step held by last.ckpt} before each training step (all saves of the previous
+    step done)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int | None] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        path = Path(trainer.checkpoint_callback.dirpath) / "last.ckpt"
+        self.seen[trainer.global_step] = checkpoint_step(path) if path.exists() else None
+
+
+def test_last_checkpoint_follows_the_run_when_the_best_does_not_improve(tiny_bert, sts_fixture, tmp_path):
+    """lr 0: STS-B dev never improves after the first validation, last.ckpt still moves on
+    (Lightning's `save_last` rewrote it only with a new best)."""
+    steps = LastCheckpointSteps()
+    lightning_main(["fit", *short_fit_args(tiny_bert, sts_fixture, tmp_path, "--model.lr", "0", "--trainer.max_steps",
+                                           "5", "--trainer.val_check_interval", "2",
+                                           "--checkpoint.every_n_train_steps", "3")], callbacks=[steps])
+    # validation at steps 2 and 4 (and after the last step, 5), every 3 steps, the end
+    assert steps.seen == {0: None, 1: None, 2: 2, 3: 3, 4: 4}
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 5
+    assert checkpoint_step(tmp_path / "checkpoints" / "best.ckpt") == 2
+
+
+def test_ctrl_c_stops_after_the_step_and_saves_last(tiny_bert, sts_fixture, tmp_path):
+    args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "6")
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(SystemExit) as stopped:
+        lightning_main(["fit", *args], callbacks=[TerminateAt(2, signal.SIGINT)])
+    assert stopped.value.code == 143
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 2
+    assert signal.getsignal(signal.SIGINT) is handler  # the Ctrl-C handler is restored
+
+
+def test_a_new_fit_refuses_an_earlier_runs_checkpoints(tiny_bert, sts_fixture, tmp_path):
+    args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "2")
+    lightning_main(["fit", *args])
+    before = (tmp_path / "checkpoints" / "best.ckpt").stat().st_mtime_ns
+    with pytest.raises(SentEmbUserError, match="resume it with --ckpt_path last.*--overwrite true"):
+        lightning_main(["fit", *args])
+    assert (tmp_path / "checkpoints" / "best.ckpt").stat().st_mtime_ns == before
+    (tmp_path / "checkpoints" / "old-run.ckpt").write_bytes(b"stale")
+    lightning_main(["fit", *args, "--overwrite", "true", "--trainer.max_steps", "1"])
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.ckpt")) == ["best.ckpt", "last.ckpt"]
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 1
+
+
+def test_ckpt_path_last_in_a_new_process(tiny_bert, sts_fixture, tmp_path):
+    args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "2")
+    with pytest.raises(SentEmbUserError, match="last.ckpt does not exist"):
+        lightning_main(["validate", *args, "--ckpt_path", "last"])
+    lightning_main(["fit", *args, "--ckpt_path", "last"])  # nothing to resume yet: starts from step 0
+    cli = lightning_main(["validate", *args, "--ckpt_path", "last"])
+    assert cli.trainer.ckpt_path == str(tmp_path / "checkpoints" / "last.ckpt")
+    assert isinstance(cli.trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    lightning_main(["fit", *args, "--trainer.max_steps", "3", "--ckpt_path", "last"])  # continues to step 3
+    assert checkpoint_step(tmp_path / "checkpoints" / "last.ckpt") == 3
+
+
+def test_divergence_stops_the_run_and_is_never_checkpointed(tiny_bert, sts_fixture, tmp_path):
+    args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--model.lr", "1e30", "--trainer.max_steps", "8",
+                          "--checkpoint.every_n_train_steps", "1")
+    with pytest.raises(SentEmbUserError, match=r"training diverged: loss (nan|inf) at step \d+.*--model.lr.*precision"):
+        lightning_main(["fit", *args])
+    for path in (tmp_path / "checkpoints").glob("*.ckpt"):
+        state = torch.load(path, weights_only=False)["state_dict"]
+        assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), path.name
+
+
+def test_collapse_warning(recwarn):
+    import math
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from lightning_sentemb.callbacks.run_state import TrainingGuard
+
+    guard = TrainingGuard("val/STS")
+    trainer = SimpleNamespace(global_step=10, world_size=2, sanity_checking=False, callback_metrics={},
+                              state=SimpleNamespace(fn=TrainerFn.FITTING),
+                              strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
+    batch = {"num_views": 2, "batch_size": 8}
+
+    def step_then_validate(loss: float, score: float) -> bool:
+        guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, batch, 0)
+        trainer.callback_metrics = {"val/STS": torch.tensor(score)}
+        recwarn.clear()
+        guard.on_validation_end(trainer, None)
+        return any("collapsed" in str(w.message) for w in recwarn)
+
+    assert not step_then_validate(1.0, 60.0)  # the start: 60
+    assert step_then_validate(math.log(16), 40.0)  # loss at ln(8 x 2 ranks), below the start
+    assert not step_then_validate(math.log(16), 70.0)  # loss at ln B but above the start
+    assert not step_then_validate(1.0, 40.0)  # worse, but the loss is not the collapsed one
+
+
+def test_collate_draws_differ_across_workers_and_repeat_after_a_resume(tiny_bert):
+    """The same sentence everywhere: only the MLM masks can tell batches apart."""
+    from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
+    from lightning_sentemb.methods import SimCSE
+
+    method = SimCSE(tiny_bert, mlm_weight=0.1)
+    ids = method.tokenizer("a sentence long enough to get some of its many tokens masked", add_special_tokens=False)
+    dataset = [{"sent0": ids["input_ids"]}] * 24
+
+    def masked(workers: int, resume_at: int = 0) -> list[torch.Tensor]:
+        sampler = ResumableBatchSampler(len(dataset), 4, seed=5)
+        sampler.resume(resume_at)
+        return [batch["mlm"]["input_ids"] for batch in TrainLoader(dataset, sampler, method, workers)]
+
+    with_workers = masked(2)
+    assert len(with_workers) == 6
+    assert not torch.equal(with_workers[0], with_workers[1])  # batches 0 and 1: workers 0 and 1
+    assert all(torch.equal(a, b) for a, b in zip(masked(0), with_workers))
+    assert all(torch.equal(a, b) for a, b in zip(masked(2, resume_at=4), with_workers[4:]))
+    assert len(masked(0, resume_at=4)) == 2
+
+
+def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
+    """A write that dies half-way leaves the previous checkpoint and no temporary file."""
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 1}, path)
+
+    def killed_midway(obj, file):
+        file.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=False) == {"global_step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
