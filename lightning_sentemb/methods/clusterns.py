@@ -96,15 +96,16 @@ class ClusteringObjective:
 
     def configure_callbacks(self) -> list[Callback]:
         """The K-means callback with this method's σ, γ and rule, so a config needs only the model."""
-        return [KMeansCallback(self.hparams.sigma, self.hparams.gamma, self.hparams.update_rule)]
+        kmeans = KMeansCallback(self.hparams.sigma, self.hparams.gamma, self.hparams.update_rule)
+        return [*super().configure_callbacks(), kmeans]
 
-    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         if batch["num_views"] != 2:
             raise ValueError(
                 f"{type(self).__name__} is unsupervised (two views of each sentence); got {batch['num_views']} "
                 "views: train on a one-sentence-a-line corpus"
             )
-        anchors, positives = self.embed(batch["features"]).unflatten(0, (2, -1))
+        anchors, positives = embeddings.unflatten(0, (2, -1))
         all_anchors = gather_with_grad(anchors.detach())
         self.last_cluster_embeddings = all_anchors
         positives = gather_with_grad(positives)
