@@ -9,6 +9,9 @@ so two fp32 gradients cannot agree to 1e-6; fp32 caching is checked to be as clo
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 
+REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
          "the sun shines", "birds fly south for the winter", "a car drives fast", "a dog runs"]
 CHUNK = 3  # divides neither the views nor the rows: chunks straddle views and template-bias rows
@@ -172,19 +176,30 @@ class SaveRankZeroGradients(RecordGradients):
             torch.save(self.grads, self.path)
 
 
+def ddp_fit(backbone: str, out: str) -> None:
+    """One cached SimCSE step on 2 CPU processes; Lightning relaunches `python -m tests.test_grad_cache`."""
+    method = build("simcse", backbone, dtype=torch.float64)
+    method.hparams.grad_cache_chunk = CHUNK
+    trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, callbacks=[SaveRankZeroGradients(out)])
+    trainer.fit(method, DataLoader(examples(method), batch_size=4, collate_fn=method.collate))
+
+
 @pytest.mark.slow
 def test_ddp_cached_gradient_equals_one_process(tiny_bert: str, tmp_path) -> None:
     """2 CPU processes (gloo), 4 sentences each: the synced cached gradient is the one-process
     gradient of the 8-sentence global batch (InfoNCE is invariant to the order of the batch)."""
-    os.environ.setdefault("PL_DISABLE_FORK", "1")
-    method = build("simcse", tiny_bert)
-    data = examples(method)
-    _, want = gradients(method, method.collate(data), 0)
-    method.hparams.grad_cache_chunk = CHUNK
-    record = SaveRankZeroGradients(str(tmp_path / "grads.pt"))
-    trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, callbacks=[record])
-    trainer.fit(method, DataLoader(data, batch_size=4, collate_fn=method.collate))
-    (got,) = torch.load(tmp_path / "grads.pt")
-    assert relative_error(got, want) < 1e-6
+    out = tmp_path / "grads.pt"
+    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "tests.test_grad_cache", tiny_bert, str(out)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (got,) = torch.load(out)
+    method = build("simcse", tiny_bert, dtype=torch.float64)
+    _, want = gradients(method, method.collate(examples(method)), 0)
+    assert relative_error(got, want) < 1e-10
+
+
+if __name__ == "__main__":
+    ddp_fit(*sys.argv[1:])

@@ -88,8 +88,6 @@ class SentEmbMethod(LightningModule):
         if grad_cache_chunk < 0:
             raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
-        # Gradient caching runs its own backward passes and optimizer step (`training_step`).
-        self.automatic_optimization = grad_cache_chunk == 0
         self.encoder = self.build_encoder()
         hidden = self.encoder.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp != "none" else None
@@ -100,6 +98,11 @@ class SentEmbMethod(LightningModule):
             }
         )
         self.mlm_generator = torch.Generator().manual_seed(0)
+
+    @property
+    def automatic_optimization(self) -> bool:
+        """Off with gradient caching, which runs its own backward passes and optimizer step."""
+        return not self.hparams.grad_cache_chunk
 
     # ----- what a method provides -------------------------------------------------------
     def build_encoder(self) -> Encoder:
