@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_sentemb.errors import SentEmbUserError
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +37,7 @@ METHODS = {
     "dcpcse_mlm": lambda path: DCPCSE(path, mlm_weight=0.1, prefix_len=2),
     "clusterns": lambda path: ClusterNS(path, num_clusters=2),
     "clusterns_prompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
+    "clusterns_prefix_mlm": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2, mlm_weight=0.1),
 }
 
 
