@@ -172,6 +172,8 @@ class TemplateEncoder(Encoder):
     backbone's embeddings (std `initializer_range`).
     """
 
+    combine_keys = ("bias_index",)
+
     def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform") -> None:
         super().__init__(backbone, pooler="mask")
         self.format = TemplateFormat(self.tokenizer, templates, position_offset(self.backbone))
@@ -194,8 +196,6 @@ class TemplateEncoder(Encoder):
             prompt = self.prompt.to(embeddings.dtype)[slots.clamp_min(0)]
             inputs = {"inputs_embeds": torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)}
         return self.backbone(**inputs, attention_mask=features["attention_mask"], position_ids=features["position_ids"])
-
-    combine_keys = ("bias_index",)
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """(sentences, hidden): the mask state of each sentence row, minus its bias row's when the

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from ..callbacks.kmeans import CentroidState, KMeansCallback, UpdateRule, global_initial_centroids
 from ..distributed import gather_with_grad, local_labels
-from ..losses.clusterns import BMLReduction, ClusterNSLoss, FalseNegatives, HardNegatives
 from ..errors import SentEmbUserError
+from ..losses.clusterns import BMLReduction, ClusterNSLoss, FalseNegatives, HardNegatives
 from .dcpcse import DCPCSE
 from .promptbert import PromptBERT
 from .simcse import SimCSE
