@@ -208,7 +208,7 @@ def test_ablations_reach_the_loss(tiny_bert, options):
 def test_supervised_triplets_are_refused(tiny_bert):
     method = make_method(tiny_bert)
     with pytest.raises(ValueError, match="unsupervised"):
-        method.training_loss({"features": {}, "num_views": 3})
+        method.embedding_loss(torch.zeros(6, method.output_size), {"num_views": 3})
 
 
 def test_prefix_variant_trains_only_the_prefix_and_checkpoints_the_centroids(tiny_bert):
