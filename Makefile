@@ -47,6 +47,7 @@ train: $(STAMP)
 bench: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/methods.py --bf16
+	$(BIN)/python benchmarks/gradcache.py
 
 # CUDA image with `sentemb` as entry point (docker/README.md); its install step is `make install`.
 docker:

@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader
 from lightning_sentemb.callbacks.kmeans import KMeansCallback
 from lightning_sentemb.cli import main
 from lightning_sentemb.loading import load_method
-from lightning_sentemb.methods import ClusterNS, ClusterNSPrompt
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.methods import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 
 REPO = Path(__file__).resolve().parents[1]
 STATE_KEYS = {"cluster_state.centroids", "cluster_state.initialized", "cluster_state.num_updates"}
@@ -207,7 +208,26 @@ def test_ablations_reach_the_loss(tiny_bert, options):
 def test_supervised_triplets_are_refused(tiny_bert):
     method = make_method(tiny_bert)
     with pytest.raises(ValueError, match="unsupervised"):
-        method.training_loss({"features": {}, "num_views": 3})
+        method.embedding_loss(torch.zeros(6, method.output_size), {"num_views": 3})
+
+
+def test_prefix_variant_trains_only_the_prefix_and_checkpoints_the_centroids(tiny_bert):
+    """ClusterNS on DCPCSE: the clustering loss reaches the prefix (and MLP) only, and the
+    trainable-only checkpoint keeps the centroids."""
+    method = ClusterNSPrefix(tiny_bert, num_clusters=2, prefix_len=2)
+    method.cluster_state.initialize_(torch.randn(2, method.output_size))
+    batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(WORDS)])
+    loss, stats = method.training_loss(batch)
+    loss.backward()
+    assert stats["cluster/initialized"] == 1 and stats["loss/bml"] > 0
+    assert method.encoder.prefixed.prefix_encoder.embedding.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in method.encoder.backbone.parameters())
+    checkpoint = {"state_dict": method.state_dict()}
+    method.on_save_checkpoint(checkpoint)
+    assert STATE_KEYS <= set(checkpoint["state_dict"])
+    assert not any(k.startswith("encoder.backbone.") for k in checkpoint["state_dict"])
+    with pytest.raises(SentEmbUserError, match="hinge_weight"):
+        ClusterNSPrefix(tiny_bert, hinge_weight=10.0)
 
 
 # --- slow: DDP and the demo -----------------------------------------------------------------------

@@ -53,6 +53,16 @@ def test_loss_is_eq1_on_fixed_tensors(method: ConPVP, prototypes: str, monkeypat
     torch.testing.assert_close(loss, eq1(v, positive, negative if prototypes == "both" else None, 0.05))
 
 
+@pytest.mark.parametrize("prompt_init", ["uniform", "normal"])
+def test_prompt_initialization(tiny_bert: str, prompt_init: str) -> None:
+    torch.manual_seed(0)
+    prompt = ConPVP(tiny_bert, prompt_length=64, prompt_init=prompt_init).encoder.prompt.detach()
+    if prompt_init == "uniform":  # the reference's torch.rand
+        assert prompt.min() >= 0 and prompt.max() < 1 and abs(float(prompt.mean()) - 0.5) < 0.05
+    else:
+        assert abs(float(prompt.std()) - 0.02) < 0.002 and abs(float(prompt.mean())) < 0.002
+
+
 def test_anchor_format_and_sampled_prototype_templates(method: ConPVP, monkeypatch: pytest.MonkeyPatch) -> None:
     fmt = method.encoder.format
     assert [t.text for t in fmt.templates[1:]] == list(POSITIVE_TEMPLATES + NEGATIVE_TEMPLATES)

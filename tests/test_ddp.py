@@ -24,10 +24,9 @@ def make_inputs():
 
 
 def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear):
-    """Run SimCSE.training_loss with `embed` = a linear layer over precomputed view inputs."""
-    stub = SimpleNamespace(embed=lambda features: layer(features["x"]), loss_fn=InfoNCELoss(0.05, 0.7))
-    batch = {"features": {"x": views.flatten(0, 1)}, "num_views": views.size(0)}
-    loss, _ = SimCSE.training_loss(stub, batch)
+    """Run SimCSE.embedding_loss on a linear layer over precomputed view inputs."""
+    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05, 0.7))
+    loss, _ = SimCSE.embedding_loss(stub, layer(views.flatten(0, 1)), {"num_views": views.size(0)})
     layer.zero_grad()
     loss.backward()
     return loss.detach(), layer.weight.grad.clone()

@@ -48,6 +48,31 @@ def test_template_rows_match_tokenizing_the_full_text(name: str, request) -> Non
             assert row == method.tokenizer(text)["input_ids"]
 
 
+def test_roberta_rows_are_the_reference_token_ids() -> None:
+    """The reference (kongds/Prompt-BERT train.py) cuts its template at the sentence, tokenizes
+    `This sentence : '` (dropping </s>) and ` ' means<mask>.` (dropping <s>) each alone, and puts the
+    sentence's ids without special tokens between. A byte-level BPE whose vocabulary holds both
+    `Ġ'`/`'` and `Ġ.`/`.` tells the two tokenizations apart."""
+    from tokenizers import AddedToken, ByteLevelBPETokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    corpus = ["This sentence : ' a man plays ' means it .", "The sentence : 'x' means.", "a dog runs ."] * 10
+    bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                        cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                        mask_token=AddedToken("<mask>", lstrip=True))
+    assert {"Ġ'", "'", "Ġ.", "."} <= set(tokenizer.get_vocab())
+    fmt = TemplateFormat(tokenizer, ROBERTA_TEMPLATES, first_position=2)
+    sentence = tokenizer("a man plays", add_special_tokens=False)["input_ids"]
+    for index, start in enumerate(["This sentence : '", "The sentence : '"]):
+        reference = tokenizer.encode(start)[:-1] + sentence + tokenizer.encode(" ' means<mask>.")[1:]
+        assert fmt.wrap(sentence, None, index) == reference
+        assert tokenizer.convert_ids_to_tokens(reference[-5:]) == ["Ġ'", "Ġmeans", "<mask>", ".", "</s>"]
+
+
 @pytest.mark.parametrize("name", ["bert_method", "roberta_method"])
 def test_only_the_sentence_is_truncated(name: str, request) -> None:
     method = request.getfixturevalue(name)

@@ -209,6 +209,16 @@ class Encoder(nn.Module):
             self.first_hidden_index,
         )
 
+    # Feature keys that describe the whole batch rather than one row (read by `combine_rows`):
+    # gradient caching slices every other key by rows.
+    combine_keys: tuple[str, ...] = ()
+
+    def combine_rows(self, row_states: Tensor, features: dict[str, Tensor]) -> Tensor:
+        """Sentence vectors from the pooled states of every input row: the rows themselves here
+        (formats with extra rows, e.g. template bias rows, override). `forward` on features
+        without `combine_keys` gives the row states, so they can be computed in chunks."""
+        return row_states
+
     def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")

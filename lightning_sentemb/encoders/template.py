@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -160,21 +160,33 @@ class TemplateFormat(PlainFormat):
         return features
 
 
+PromptInit = Literal["uniform", "normal"]
+
+
 class TemplateEncoder(Encoder):
     """Backbone whose sentence vector is the (optionally denoised) [MASK] state of a template.
 
     Templates with `[P]` slots get `prompt`, one learnable input-embedding vector per slot number
-    (shared by every template), initialized like the backbone's embeddings (normal, std
-    `initializer_range`).
+    (shared by every template), initialized by `prompt_init`: "uniform" U[0, 1) (the ConPVP
+    reference's `torch.rand`; row norm ≈ sqrt(hidden / 3), ≈ 16 at 768) or "normal" like the
+    backbone's embeddings (std `initializer_range`).
     """
 
-    def __init__(self, backbone: str, templates: Sequence[str]) -> None:
+    combine_keys = ("bias_index",)
+
+    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform") -> None:
         super().__init__(backbone, pooler="mask")
         self.format = TemplateFormat(self.tokenizer, templates, position_offset(self.backbone))
         self.prompt: nn.Parameter | None = None
         if self.format.num_prompt_slots:
-            std = self.backbone.config.initializer_range
-            self.prompt = nn.Parameter(torch.randn(self.format.num_prompt_slots, self.hidden_size) * std)
+            shape = (self.format.num_prompt_slots, self.hidden_size)
+            if prompt_init == "uniform":
+                initial = torch.rand(shape)
+            elif prompt_init == "normal":
+                initial = torch.randn(shape) * self.backbone.config.initializer_range
+            else:
+                raise ValueError(f"prompt_init must be 'uniform' or 'normal', got {prompt_init!r}")
+            self.prompt = nn.Parameter(initial)
 
     def run_backbone(self, features: dict[str, Tensor]) -> Any:
         inputs: dict[str, Tensor] = {"input_ids": features["input_ids"]}
@@ -188,8 +200,10 @@ class TemplateEncoder(Encoder):
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """(sentences, hidden): the mask state of each sentence row, minus its bias row's when the
         features carry `bias_index`."""
-        states = super().forward(features)
+        return self.combine_rows(super().forward(features), features)
+
+    def combine_rows(self, row_states: Tensor, features: dict[str, Tensor]) -> Tensor:
         if "bias_index" not in features:
-            return states
+            return row_states
         index = features["bias_index"]
-        return states[: index.numel()] - states[index.numel() :][index]
+        return row_states[: index.numel()] - row_states[index.numel() :][index]

@@ -8,8 +8,9 @@ from torch import Tensor, nn
 
 
 def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
-    """(n, m) cosine similarities, computed in fp32 so bf16 training keeps a sharp softmax."""
-    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+    """(n, m) cosine similarities, computed in fp32 (or wider) so bf16 training keeps a sharp softmax."""
+    dtype = torch.promote_types(a.dtype, torch.float32)
+    return F.normalize(a.to(dtype), dim=-1) @ F.normalize(b.to(dtype), dim=-1).T
 
 
 def info_nce(

@@ -32,5 +32,8 @@ def mask_tokens(
     return corrupted, labels
 
 
-def mlm_loss(logits: Tensor, labels: Tensor) -> Tensor:
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100)
+def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy over the predicted tokens: their mean, or with "sum" their sum (gradient
+    caching adds chunks' sums and divides by the batch's count)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100, reduction=reduction)

@@ -1,10 +1,12 @@
 """Sentence-embedding methods; each is one file on the shared `SentEmbMethod` base."""
 
 from .base import SentEmbMethod
-from .clusterns import ClusterNS, ClusterNSPrompt
+from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .dcpcse import DCPCSE
 from .promptbert import PromptBERT
 from .simcse import SimCSE
 
-__all__ = ["DCPCSE", "ClusterNS", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod", "SimCSE"]
+__all__ = [
+    "DCPCSE", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod", "SimCSE",
+]

@@ -1,7 +1,9 @@
 """The shared LightningModule: optimizer and schedule, MLM auxiliary loss, encode, STS validation.
 
 A method subclasses `SentEmbMethod` and contributes only what makes it different:
-`build_encoder` (input format), `collate` (the views of a training example) and `training_loss`.
+`build_encoder` (input format), `collate` (the views of a training example) and `embedding_loss`
+(the loss from the batch's sentence embeddings). The base embeds the batch, in one forward or, with
+`grad_cache_chunk`, chunk by chunk with gradient caching.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,7 +28,9 @@ from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..encoders.plain import Encoder
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import evaluate_suite, headline_scores
+from ..errors import SentEmbUserError
 from ..export import write_plain_export
+from ..grad_cache import RngState, chunk_spans, rows_of
 from ..losses.mlm import mask_tokens, mlm_loss
 
 MlpMode = Literal["none", "train", "always"]
@@ -57,6 +63,11 @@ class SentEmbMethod(LightningModule):
         eval_precision: autocast during `encode`: "auto" (bf16/fp16 on GPU, fp32 on CPU),
             "bf16", or "32".
         sts_aggregation: how STS12–16 subsets combine: "all" (SentEval/SimCSE), "wmean", "mean".
+        grad_cache_chunk: rows per chunk for gradient caching (0 = off): the global batch's loss
+            and exact gradient with the activation memory of this many rows, so a paper's batch
+            (its number of negatives) fits a small GPU. Training then uses manual optimization:
+            `trainer.gradient_clip_val` and `accumulate_grad_batches` are refused. See
+            `grad_cache_backward`.
     """
 
     def __init__(
@@ -74,8 +85,11 @@ class SentEmbMethod(LightningModule):
         eval_batch_size: int = 128,
         eval_precision: Literal["auto", "bf16", "32"] = "auto",
         sts_aggregation: Literal["all", "wmean", "mean"] = "all",
+        grad_cache_chunk: int = 0,
     ) -> None:
         super().__init__()
+        if grad_cache_chunk < 0:
+            raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
         self.encoder = self.build_encoder()
         hidden = self.encoder.hidden_size
@@ -90,6 +104,11 @@ class SentEmbMethod(LightningModule):
         self.collate_generator = torch.Generator().manual_seed(0)
         self._run_seed: int | None = None
 
+    @property
+    def automatic_optimization(self) -> bool:
+        """Off with gradient caching, which runs its own backward passes and optimizer step."""
+        return not self.hparams.grad_cache_chunk
+
     # ----- what a method provides -------------------------------------------------------
     def build_encoder(self) -> Encoder:
         """The backbone with this method's input format; plain `[CLS] s [SEP]` by default."""
@@ -99,8 +118,9 @@ class SentEmbMethod(LightningModule):
         """Training batch from tokenized examples (runs in DataLoader workers)."""
         raise NotImplementedError
 
-    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """(loss, extra values to log) for one training batch."""
+    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss, extra values to log) from the sentence embeddings of a training batch's rows
+        (`embed(batch["features"])`, the views in collate's order)."""
         raise NotImplementedError
 
     # ----- shared -----------------------------------------------------------------------
@@ -115,9 +135,16 @@ class SentEmbMethod(LightningModule):
 
     def embed(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence vectors; the MLP applies in training, and at evaluation only with mlp='always'."""
-        pooled = self.encoder(features)
+        return self.project(self.encoder(features))
+
+    def project(self, pooled: Tensor) -> Tensor:
+        """The MLP over pooled sentence vectors where it applies (see `embed`)."""
         mlp = self.mlp if self.training else self.eval_mlp
         return mlp(pooled) if mlp is not None else pooled
+
+    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss, extra values to log) of one training batch embedded in one forward pass."""
+        return self.embedding_loss(self.embed(batch["features"]), batch)
 
     def add_mlm_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Attach corrupted copies of the training rows for the MLM auxiliary loss, when enabled."""
@@ -151,18 +178,105 @@ class SentEmbMethod(LightningModule):
         np.random.seed(seed % 2**32)
         random.seed(seed)
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+    def step_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The training objective of one batch in one forward: the method's loss plus the
+        weighted MLM loss when enabled."""
         loss, logs = self.training_loss(batch)
         if "mlm" in batch:
             mlm = batch["mlm"]
             logits = self.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"])
             logs["mlm_loss"] = mlm_loss(logits, mlm["labels"])
             loss = loss + self.mlm_weight_at(self.global_step) * logs["mlm_loss"]
+        return loss, logs
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        if self.hparams.grad_cache_chunk:
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            no_sync = getattr(self.trainer.strategy, "block_backward_sync", nullcontext)  # DDP-like strategies
+            loss, logs = self.grad_cache_backward(batch, self.manual_backward, no_sync)
+            optimizer.step()
+            self.lr_schedulers().step()
+        else:
+            loss, logs = self.step_loss(batch)
         # collate may give "batch_size" when its features hold extra rows (e.g. template-bias rows)
         batch_size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
         self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=batch_size)
         return loss
+
+    def grad_cache_backward(
+        self,
+        batch: dict[str, Any],
+        backward: Callable[[Tensor], None] = Tensor.backward,
+        no_sync: Callable[[], AbstractContextManager] = nullcontext,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Accumulate the gradient of the batch's loss into `.grad` chunk by chunk (gradient
+        caching); returns the detached loss and the logs, as `training_loss` (+ MLM) would.
+
+        1. Embed the rows (sentence rows, then any template-bias rows) `grad_cache_chunk` at a time
+           without a graph, keeping each chunk's random state.
+        2. The method's loss on all of them (the rows are combined — denoising, MLP — and scored
+           exactly as in one forward, ClusterNS's callback included); its gradient w.r.t. the
+           rows is cached (fp32).
+        3. Each chunk again, with a graph, under the random state of its first forward (same
+           dropout masks), back-propagating its cached gradient; then the MLM loss chunk by chunk
+           (a sum over rows: no cache needed).
+        4. One more backward through the loss's graph (the MLP) plus a zero touching every
+           trainable parameter: the only one outside `no_sync`, so DDP reduces the accumulated
+           gradients once per step, all parameters included.
+
+        `backward` is the trainer's (`manual_backward`: loss scaling) and `no_sync` its
+        `block_backward_sync`; the defaults serve a single process without a trainer.
+        """
+        features, chunk = batch["features"], self.hparams.grad_cache_chunk
+        batch_keys = self.encoder.combine_keys
+        spans = chunk_spans(features["input_ids"].size(0), chunk)
+        rng_states, rows = [], []
+        with torch.no_grad():
+            for span in spans:
+                rng_states.append(RngState.capture(self.device))
+                rows.append(self.encoder(rows_of(features, span, batch_keys)))
+        cached = torch.cat(rows)
+        cached = cached.to(torch.promote_types(cached.dtype, torch.float32)).requires_grad_()
+        loss, logs = self.embedding_loss(self.project(self.encoder.combine_rows(cached, features)), batch)
+        (row_grads,) = torch.autograd.grad(loss, cached, retain_graph=True)
+        with no_sync():
+            for span, rng_state in zip(spans, rng_states, strict=True):
+                with rng_state.replay():
+                    rows_with_graph = self.encoder(rows_of(features, span, batch_keys))
+                backward((rows_with_graph.to(row_grads.dtype) * row_grads[span]).sum())
+            if "mlm" in batch:
+                mlm, weight = batch["mlm"], self.mlm_weight_at(self.global_step)
+                predicted = (mlm["labels"] != -100).sum()
+                logs["mlm_loss"] = loss.new_zeros(())
+                for span in chunk_spans(mlm["input_ids"].size(0), chunk):
+                    logits = self.encoder.mlm_logits(mlm["input_ids"][span], mlm["attention_mask"][span])
+                    part = mlm_loss(logits, mlm["labels"][span], reduction="sum") / predicted
+                    backward(weight * part)
+                    logs["mlm_loss"] += part.detach()
+                loss = loss + weight * logs["mlm_loss"]
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        backward(loss + sum(p.sum() * 0 for p in trainable))
+        return loss.detach(), logs
+
+    def configure_callbacks(self) -> list:
+        """No callbacks of its own (ClusterNS adds K-means); refuses trainer options that gradient
+        caching cannot honour, before Lightning's own, less specific, check."""
+        trainer = self._trainer
+        if self.hparams.grad_cache_chunk and trainer is not None and trainer.state.fn == "fit":
+            if trainer.gradient_clip_val:
+                raise SentEmbUserError(
+                    f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not supported with "
+                    "model.init_args.grad_cache_chunk > 0 (manual optimization): remove one of them"
+                )
+            if trainer.accumulate_grad_batches != 1:
+                raise SentEmbUserError(
+                    f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} with "
+                    "model.init_args.grad_cache_chunk > 0: accumulation does not add negatives; raise "
+                    "data.batch_size instead (caching keeps its memory to one chunk)"
+                )
+        return []
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]

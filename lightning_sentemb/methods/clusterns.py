@@ -2,11 +2,16 @@
 margin loss on the false negatives found by clustering, on top of SimCSE or PromptBERT views.
 
 The clustering half is `ClusteringObjective`, a mixin placed before the view-producing method in
-the bases: `ClusterNS(ClusteringObjective, SimCSE)` (non-prompt) and
-`ClusterNSPrompt(ClusteringObjective, PromptBERT)` (prompt-based). The view method supplies the
-encoder, `collate` and `embed`; the mixin supplies the centroid state, the loss, the K-means callback
-and the optional global initialization. Tensor ops: `callbacks/kmeans.py`; loss: `losses/clusterns.py`
-(their docstrings list the differences from the paper and the reference code).
+the bases: `ClusterNS(ClusteringObjective, SimCSE)` (non-prompt),
+`ClusterNSPrompt(ClusteringObjective, PromptBERT)` (prompt-based) and, beyond the paper,
+`ClusterNSPrefix(ClusteringObjective, DCPCSE)` (a frozen backbone steered by deep prefixes). The view
+method supplies the encoder, `collate` and `embed`; the mixin supplies the centroid state, the loss,
+the K-means callback and the optional global initialization. Tensor ops: `callbacks/kmeans.py`; loss:
+`losses/clusterns.py` (their docstrings list the differences from the paper and the reference code).
+
+ConPVP is not a view method for the mixin: its prototypes are its loss (the negative prototypes are
+its hard negatives, Eq. 1), which the mixin would replace by ClusterNS's, keeping at most the
+positive prototypes — a third method neither paper evaluates.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from torch import Tensor
 
 from ..callbacks.kmeans import CentroidState, KMeansCallback, UpdateRule, global_initial_centroids
 from ..distributed import gather_with_grad, local_labels
+from ..errors import SentEmbUserError
 from ..losses.clusterns import BMLReduction, ClusterNSLoss, FalseNegatives, HardNegatives
+from .dcpcse import DCPCSE
 from .promptbert import PromptBERT
 from .simcse import SimCSE
 
-__all__ = ["ClusterNS", "ClusterNSPrompt", "ClusteringObjective"]
+__all__ = ["ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ClusteringObjective"]
 
 
 class ClusteringObjective:
@@ -96,15 +103,16 @@ class ClusteringObjective:
 
     def configure_callbacks(self) -> list[Callback]:
         """The K-means callback with this method's σ, γ and rule, so a config needs only the model."""
-        return [KMeansCallback(self.hparams.sigma, self.hparams.gamma, self.hparams.update_rule)]
+        kmeans = KMeansCallback(self.hparams.sigma, self.hparams.gamma, self.hparams.update_rule)
+        return [*super().configure_callbacks(), kmeans]
 
-    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         if batch["num_views"] != 2:
             raise ValueError(
                 f"{type(self).__name__} is unsupervised (two views of each sentence); got {batch['num_views']} "
                 "views: train on a one-sentence-a-line corpus"
             )
-        anchors, positives = self.embed(batch["features"]).unflatten(0, (2, -1))
+        anchors, positives = embeddings.unflatten(0, (2, -1))
         all_anchors = gather_with_grad(anchors.detach())
         self.last_cluster_embeddings = all_anchors
         positives = gather_with_grad(positives)
@@ -172,3 +180,19 @@ class ClusterNS(ClusteringObjective, SimCSE):
 class ClusterNSPrompt(ClusteringObjective, PromptBERT):
     """Prompt-based ClusterNS: PromptBERT's two-template [MASK] views (with template denoising)
     with the clustering objective. See `ClusteringObjective` and `PromptBERT` for the arguments."""
+
+
+class ClusterNSPrefix(ClusteringObjective, DCPCSE):
+    """ClusterNS on a prefix-tuned frozen backbone: DCPCSE's dropout views through deep prefixes
+    (`collate`, prefix encoder, optional MLM loss, trainable-only checkpoints, which keep the
+    centroids) with the clustering objective. No paper evaluates it; the configs combine the two
+    papers' settings. See `ClusteringObjective` and `DCPCSE` for the arguments; DCPCSE's supervised
+    hinge term does not apply (the clustering loss replaces DCPCSE's)."""
+
+    def __init__(self, backbone: str, hinge_weight: float = 0.0, **kwargs: Any) -> None:
+        if hinge_weight:
+            raise SentEmbUserError(
+                "model.init_args.hinge_weight: ClusterNSPrefix is unsupervised and replaces DCPCSE's loss; "
+                "remove hinge_weight (it belongs to supervised DCPCSE)"
+            )
+        super().__init__(backbone, hinge_weight=hinge_weight, **kwargs)

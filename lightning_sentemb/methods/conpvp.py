@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from ..encoders.template import TemplateEncoder
+from ..encoders.template import PromptInit, TemplateEncoder
 from .promptbert import PromptMethod
 
 # Table 1 of the paper. The PDF text garbles the quotes; they are written here as `"` around the
@@ -60,6 +60,9 @@ class ConPVP(PromptMethod):
         positive_templates / negative_templates: the basic and semantically-opposite sets.
         prototypes: "both" (Eq. 1); "positive" (ablation "w/o c⁻": only c⁺_j in the denominator);
             "none" (ablation "w/o c⁺ & c⁻": the anchor twice, i.e. continuous-prompt SimCSE).
+        prompt_init: initialization of the k prompt vectors: "uniform" U[0, 1) (default: the
+            reference's `torch.rand`, never re-initialized; the paper does not say) or "normal"
+            N(0, initializer_range²) like the backbone's word embeddings.
         **kwargs: see `PromptMethod` (denoising switches) and `SentEmbMethod`.
     """
 
@@ -71,6 +74,7 @@ class ConPVP(PromptMethod):
         positive_templates: Sequence[str] = POSITIVE_TEMPLATES,
         negative_templates: Sequence[str] = NEGATIVE_TEMPLATES,
         prototypes: Prototypes = "both",
+        prompt_init: PromptInit = "uniform",
         **kwargs: Any,
     ) -> None:
         if prototypes not in ("both", "positive", "none"):
@@ -81,7 +85,7 @@ class ConPVP(PromptMethod):
         """Template 0 is the anchor, then the positive set, then the negative set."""
         h = self.hparams
         anchor = h.anchor_template or "[X]" + " [P]" * h.prompt_length + " [MASK] ."
-        return TemplateEncoder(h.backbone, [anchor, *h.positive_templates, *h.negative_templates])
+        return TemplateEncoder(h.backbone, [anchor, *h.positive_templates, *h.negative_templates], h.prompt_init)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         n = len(examples)

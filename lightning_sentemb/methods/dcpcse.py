@@ -169,8 +169,10 @@ class DCPCSE(SimCSE):
 
     # ----- checkpoints: the trainable part only ---------------------------------------------
     def trainable_state_keys(self) -> set[str]:
-        """state_dict names of the trainable tensors (every name of a shared one)."""
-        return {name for name, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
+        """state_dict names of what a checkpoint keeps: the trainable tensors (every name of a shared
+        one) and the state outside the encoder (e.g. ClusterNS's centroids)."""
+        trainable = {name for name, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
+        return trainable | {name for name in self.state_dict() if not name.startswith("encoder.")}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Drop the frozen backbone from the checkpoint (hyper-parameter `backbone` names it)."""

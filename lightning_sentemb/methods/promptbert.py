@@ -19,7 +19,13 @@ from ..encoders.template import TemplateEncoder
 from .simcse import SimCSE
 
 BERT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
-ROBERTA_TEMPLATES = ("This sentence : '[X]' means <mask> .", "The sentence : '[X]' means <mask> .")
+# RoBERTa: written so the rows are the reference's token for token (`<s> This Ġsentence Ġ: Ġ'` +
+# sentence + `Ġ' Ġmeans <mask> . </s>`): its run.sh template `*cls*_This_sentence_:_'_*sent_0*_'_means*mask*.`
+# is cut at the sentence and each side tokenized alone, so the closing quote keeps its space and the
+# period, glued to the mask, has none. (Its evaluation script instead tokenizes the filled-in text,
+# which gives the sentence's first word a leading space and appends "." to sentences without final
+# punctuation; we use the training rows everywhere.)
+ROBERTA_TEMPLATES = ("This sentence : '[X] ' means<mask>.", "The sentence : '[X] ' means<mask>.")
 
 
 def default_templates(backbone: str) -> tuple[str, ...]:
@@ -98,7 +104,8 @@ class PromptBERT(PromptMethod):
     Args:
         templates: template strings (see `encoders.template`); default by backbone family —
             BERT: `This sentence : "[X]" means [MASK] .`, `This sentence of "[X]" means [MASK] .`;
-            RoBERTa: `This sentence : '[X]' means <mask> .`, `The sentence : '[X]' means <mask> .`.
+            RoBERTa: `This sentence : '[X] ' means<mask>.`, `The sentence : '[X] ' means<mask>.` (the
+            reference's token ids, see `ROBERTA_TEMPLATES`).
             (The reference's unsupervised BERT run puts the "of" template first and evaluates with it.)
         **kwargs: see `PromptMethod`.
     """

@@ -32,8 +32,8 @@ class SimCSE(SentEmbMethod):
         batch = {"features": self.encoder.format.build(rows, max_length=None), "num_views": len(columns)}
         return self.add_mlm_inputs(batch)
 
-    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        views = self.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
+    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        views = embeddings.unflatten(0, (batch["num_views"], -1))
         anchors = views[0]
         positives = gather_with_grad(views[1])
         hard_negatives = gather_with_grad(views[2]) if batch["num_views"] == 3 else None
