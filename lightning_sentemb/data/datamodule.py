@@ -113,7 +113,7 @@ class SentEmbDataModule(LightningDataModule):
         return DataLoader(
             self.train_dataset, batch_size=self.hparams.batch_size, shuffle=True, drop_last=True,
             collate_fn=self.method.collate, num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
+            persistent_workers=self.hparams.num_workers > 0, pin_memory=torch.cuda.is_available(),
         )
 
     def _sts_loaders(self, tasks: list[str]) -> list[DataLoader]:
