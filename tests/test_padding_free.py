@@ -107,3 +107,19 @@ def test_unsupported_backbone_falls_back_with_a_reason(tiny_bert: str, caplog) -
 
 def test_switch_reaches_the_encoder(tiny_bert: str) -> None:
     assert not SimCSE(tiny_bert, padding_free=False).encoder.padding_free
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_smoke_runs_every_method(tmp_path) -> None:
+    """`benchmarks/gpu.py --smoke`: tiny config on CPU, every method both ways and sentence-transformers."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    output = tmp_path / "gpu.json"
+    subprocess.run([sys.executable, str(repo / "benchmarks" / "gpu.py"), "--smoke", "--output", str(output)],
+                   check=True, capture_output=True, cwd=repo)
+    rows = json.loads(output.read_text())["rows"]
+    assert len(rows) == 11 and all(row["sentences_per_s"] > 0 for row in rows)
