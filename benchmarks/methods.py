@@ -2,7 +2,7 @@
 forward against the method's own padded forward, on all-MiniLM-L6-v2, same batch, same sentences
 (part of `make bench`).
 
-    python benchmarks/methods.py [--batch-size 64] [--steps 8] [--threads 2] [--bf16] [--no-memory]
+    python benchmarks/methods.py [--batch-size 64] [--steps 5] [--threads 2] [--bf16] [--no-memory]
 
 ClusterNS is timed with initialized centroids and includes the K-means centroid update.
 
@@ -122,8 +122,8 @@ def peak_memory_mib(name: str, padding_free: bool, options: argparse.Namespace) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast as the demo configs")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
