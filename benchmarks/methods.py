@@ -11,15 +11,14 @@ One step = forward of both dropout views, InfoNCE, backward, AdamW step, zero_gr
 the same module and batch; time is the median CPU time of the process (all threads) per step after
 warm-up steps (on CPUs shared with other jobs the wall clock mostly measures the neighbours, the CPU
 time much less so; the wall clock is printed too). Target (issue 11): padding-free ≥ 1.3× padded.
-Peak memory: the resident-set high-water mark (ru_maxrss) of a child process that builds the method
-and runs three steps with one forward or the other.
+Peak memory: the resident-set high-water mark (VmHWM; ru_maxrss would carry the parent's over fork)
+of a child process that builds the method and runs three steps with one forward or the other.
 Optimizer state = every tensor AdamW keeps (exp_avg, exp_avg_sq), measured after the first step.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
@@ -109,7 +108,7 @@ METHODS = {
 
 
 def peak_memory_mib(name: str, padding_free: bool, options: argparse.Namespace) -> float:
-    """ru_maxrss of a child process running three steps of one method with one forward."""
+    """VmHWM of a child process running three steps of one method with one forward."""
     command = [sys.executable, __file__, "--peak-of", name, "--batch-size", str(options.batch_size),
                "--threads", str(options.threads)] + (["--bf16"] if options.bf16 else [])
     command += [] if padding_free else ["--padded"]
@@ -137,7 +136,8 @@ def main() -> None:
     if options.peak_of:
         torch.manual_seed(0)
         measure(METHODS[options.peak_of](), sentences, 2, 1, options.bf16, paths=(not options.padded,))
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        status = Path("/proc/self/status").read_text()
+        print(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
         return
     print(f"batch {options.batch_size} x views, <=32 tokens, {options.threads} threads, "
           f"{'bf16 autocast' if options.bf16 else 'fp32'}, median of {options.steps} alternating steps after "
