@@ -1,14 +1,18 @@
-"""Training-step time, rows per example and optimizer-state memory of every method against
-unsupervised SimCSE on all-MiniLM-L6-v2, same batch, same sentences (part of `make bench`).
+"""Training-step time, rows per example and optimizer-state memory of every method, padding-free
+forward against the method's own padded forward, on all-MiniLM-L6-v2, same batch, same sentences
+(part of `make bench`).
 
-    python benchmarks/methods.py [--batch-size 64] [--steps 20] [--threads 2] [--bf16]
+    python benchmarks/methods.py [--batch-size 64] [--steps 5] [--threads 2] [--bf16] [--no-memory]
 
 ClusterNS is timed with initialized centroids and includes the K-means centroid update.
 
 One step = forward of both dropout views, InfoNCE, backward, AdamW step, zero_grad: the work
-`training_step` does, without Lightning's bookkeeping. Time is the median wall-clock step after
-warm-up steps, and the median CPU time of the process (all threads): on CPUs shared with other
-jobs the wall clock mostly measures the neighbours, the CPU time much less so.
+`training_step` does, without Lightning's bookkeeping. The two forwards alternate step by step on
+the same module and batch; time is the median CPU time of the process (all threads) per step after
+warm-up steps (on CPUs shared with other jobs the wall clock mostly measures the neighbours, the CPU
+time much less so; the wall clock is printed too). Target (issue 11): padding-free ≥ 1.3× padded.
+Peak memory: the resident-set high-water mark (VmHWM; ru_maxrss would carry the parent's over fork)
+of a child process that builds the method and runs three steps with one forward or the other.
 Optimizer state = every tensor AdamW keeps (exp_avg, exp_avg_sq), measured after the first step.
 """
 
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,73 +39,124 @@ def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
 
 
-def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int, bf16: bool) -> dict[str, float]:
+def prepare(method: SentEmbMethod, sentences: list[str], max_tokens: int = 30):
+    """(batch, optimizer, clustering state or None) for timing `train_step` on `sentences`; ClusterNS
+    centroids are initialized from the first view so its steps include the centroid update."""
     method.train()
     trainable = [p for p in method.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=method.hparams.lr)
+    optimizer = torch.optim.AdamW(trainable, lr=method.hparams.lr, fused=True)
     ids = method.tokenizer(sentences, add_special_tokens=False)["input_ids"]
-    batch = method.collate([{"sent0": row[:30]} for row in ids])
+    batch = method.collate([{"sent0": row[:max_tokens]} for row in ids])
+    batch["features"] = {k: v.to(method.device) for k, v in batch["features"].items()}
     clustering = getattr(method, "cluster_state", None)
     if clustering is not None:
         with torch.no_grad():
             views = method.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
         clustering.initialize_(initial_centroids(views[0], clustering.centroids.size(0)))
-    wall, cpu = [], []
+    return batch, optimizer, clustering
+
+
+def train_step(method: SentEmbMethod, batch: dict, optimizer, clustering, bf16: bool) -> None:
+    """Forward of every view, loss, backward, AdamW step, zero_grad (and the centroid update)."""
+    with torch.autocast(method.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss, _ = method.training_loss(batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if clustering is not None:
+        embeddings = method.last_cluster_embeddings
+        clustering.update_(embeddings, clustering.assign(embeddings).nearest, 1e-3, "mean")
+
+
+def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int, bf16: bool,
+            paths: tuple[bool, ...] = (True, False)) -> dict[str, float]:
+    """Steps alternating over `paths` (padding_free True / False); per-path median wall and CPU time."""
+    batch, optimizer, clustering = prepare(method, sentences)
+    wall: dict[bool, list[float]] = {path: [] for path in paths}
+    cpu: dict[bool, list[float]] = {path: [] for path in paths}
     for step in range(warmup + steps):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = method.training_loss(batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if clustering is not None:
-            embeddings = method.last_cluster_embeddings
-            clustering.update_(embeddings, clustering.assign(embeddings).nearest, 1e-3, "mean")
-        if step >= warmup:
-            wall.append(time.perf_counter() - start)
-            cpu.append(time.process_time() - start_cpu)
+        for padding_free in paths:
+            method.encoder.configure_speed(padding_free, compile_layers=False)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            train_step(method, batch, optimizer, clustering, bf16)
+            if step >= warmup:
+                wall[padding_free].append(time.perf_counter() - start)
+                cpu[padding_free].append(time.process_time() - start_cpu)
+    trainable = [p for p in method.parameters() if p.requires_grad]
     state = [t for s in optimizer.state.values() for t in s.values()]
-    return {
+    result = {
         "trainable": sum(p.numel() for p in trainable),
         "total": sum(p.numel() for p in method.parameters()),
         "optimizer_mib": tensor_bytes(state) / 2**20,
-        "gradient_mib": tensor_bytes(trainable) / 2**20,  # one gradient per trainable tensor
         "rows": batch["features"]["input_ids"].size(0) / len(sentences),
-        "wall_s": statistics.median(wall),
-        "cpu_s": statistics.median(cpu),
+        "real_tokens": float(batch["features"]["attention_mask"].float().mean()),
     }
+    for path in paths:
+        name = "fast" if path else "padded"
+        result[f"{name}_wall_s"] = statistics.median(wall[path]) if wall[path] else float("nan")
+        result[f"{name}_cpu_s"] = statistics.median(cpu[path]) if cpu[path] else float("nan")
+    return result
+
+
+METHODS = {
+    "SimCSE (full fine-tuning)": lambda: SimCSE(BACKBONE, pooler="avg", mlp="none", lr=1e-5),
+    "PromptBERT": lambda: PromptBERT(BACKBONE, mlp="train"),
+    "ConPVP (prompt 4)": lambda: ConPVP(BACKBONE, mlp="train"),
+    "DCPCSE (prefix 16)": lambda: DCPCSE(BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
+    "ClusterNS (K 16)": lambda: ClusterNS(BACKBONE, pooler="avg", mlp="none", num_clusters=16),
+}
+
+
+def peak_memory_mib(name: str, padding_free: bool, options: argparse.Namespace) -> float:
+    """VmHWM of a child process running three steps of one method with one forward."""
+    command = [sys.executable, __file__, "--peak-of", name, "--batch-size", str(options.batch_size),
+               "--threads", str(options.threads)] + (["--bf16"] if options.bf16 else [])
+    command += [] if padding_free else ["--padded"]
+    if options.data_dir:
+        command += ["--data-dir", options.data_dir]
+    output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return float(output.strip().splitlines()[-1]) / 1024  # KiB on Linux
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast as the demo configs")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory child processes")
     parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--peak-of", help=argparse.SUPPRESS)
+    parser.add_argument("--padded", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
     corpus = Path(resolve_data_dir(options.data_dir)) / "corpora" / "wiki1m_for_simcse.txt"
     sentences = corpus.read_text(encoding="utf8").splitlines()[: options.batch_size]
-    methods = {
-        "SimCSE (full fine-tuning)": lambda: SimCSE(BACKBONE, pooler="avg", mlp="none", lr=1e-5),
-        "PromptBERT": lambda: PromptBERT(BACKBONE, mlp="train"),
-        "ConPVP (prompt 4)": lambda: ConPVP(BACKBONE, mlp="train"),
-        "DCPCSE (prefix 16)": lambda: DCPCSE(BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
-        "ClusterNS (K 16)": lambda: ClusterNS(BACKBONE, pooler="avg", mlp="none", num_clusters=16),
-    }
-    print(f"batch {options.batch_size} x 2 views, <=32 tokens, {options.threads} threads, "
-          f"{'bf16 autocast' if options.bf16 else 'fp32'}, median of {options.steps} steps after {options.warmup}")
-    print("| method | trainable | of total | AdamW state | rows/example | step wall | step CPU | CPU vs SimCSE |")
-    print("|---|---|---|---|---|---|---|---|")
-    baseline = None
-    for name, build in methods.items():
+    if options.peak_of:
+        torch.manual_seed(0)
+        measure(METHODS[options.peak_of](), sentences, 2, 1, options.bf16, paths=(not options.padded,))
+        status = Path("/proc/self/status").read_text()
+        print(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+        return
+    print(f"batch {options.batch_size} x views, <=32 tokens, {options.threads} threads, "
+          f"{'bf16 autocast' if options.bf16 else 'fp32'}, median of {options.steps} alternating steps after "
+          f"{options.warmup}; load average {' '.join(f'{x:.2f}' for x in __import__('os').getloadavg())}")
+    print("| method | trainable | AdamW state | rows/example | real tokens | step CPU padded | step CPU padding-free "
+          "| speed-up (target ≥ 1.3×) | step wall padded / free | peak RSS padded / free |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, build in METHODS.items():
         torch.manual_seed(0)
         r = measure(build(), sentences, options.steps, options.warmup, options.bf16)
-        baseline = baseline or r["cpu_s"]
-        print(f"| {name} | {r['trainable']:,} | {r['trainable'] / r['total']:.2%} | {r['optimizer_mib']:.2f} MiB | "
-              f"{r['rows']:.2f} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s | {r['cpu_s'] / baseline:.2f}× |", flush=True)
+        ratio = r["padded_cpu_s"] / r["fast_cpu_s"]
+        verdict = "met" if ratio >= 1.3 else f"MISSED by {1 - ratio / 1.3:.0%}"
+        memory = "not measured"
+        if not options.no_memory:
+            padded, fast = peak_memory_mib(name, False, options), peak_memory_mib(name, True, options)
+            memory = f"{padded:.0f} / {fast:.0f} MiB ({'no regression' if fast <= padded * 1.01 else 'REGRESSION'})"
+        print(f"| {name} | {r['trainable']:,} ({r['trainable'] / r['total']:.1%}) | {r['optimizer_mib']:.2f} MiB | "
+              f"{r['rows']:.2f} | {r['real_tokens']:.0%} | {r['padded_cpu_s']:.2f} s | {r['fast_cpu_s']:.2f} s | "
+              f"{ratio:.2f}× {verdict} | {r['padded_wall_s']:.2f} / {r['fast_wall_s']:.2f} s | {memory} |", flush=True)
 
 
 if __name__ == "__main__":

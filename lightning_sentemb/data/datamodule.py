@@ -147,7 +147,7 @@ class TrainLoader:
         # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
         self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(method),
                                  num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed),
-                                 worker_init_fn=ignore_stop_signals)
+                                 worker_init_fn=ignore_stop_signals, pin_memory=torch.cuda.is_available())
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.loader)

@@ -7,6 +7,7 @@ deep prefix); everything else — loading, pooling, batching for evaluation — 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from typing import Any
 
@@ -15,6 +16,9 @@ from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from ..errors import SentEmbUserError
+from .packed import encoder_layer, packed_forward, unsupported_reason
+
+log = logging.getLogger(__name__)
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "mask")
 
@@ -150,7 +154,14 @@ class Encoder(nn.Module):
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
     head whose decoder is tied to the word embeddings.
+
+    Speed switches (set by the method from `padding_free` / `compile_layers`, see `configure_speed`):
+    the padding-free forward (`encoders.packed`) is on by default wherever it is exact; the MLM
+    auxiliary head stays on the padded forward.
     """
+
+    padding_free: bool = True
+    layer_fn = staticmethod(encoder_layer)
 
     def __init__(
         self,
@@ -190,9 +201,27 @@ class Encoder(nn.Module):
     def max_length(self) -> int:
         return min(self.tokenizer.model_max_length, self.backbone.config.max_position_embeddings)
 
+    def configure_speed(self, padding_free: bool, compile_layers: bool) -> None:
+        """Padding-free forward where the backbone supports it (else the padded one, with the reason
+        logged); `compile_layers` compiles the packed layer with dynamic token counts, so a new batch
+        length does not recompile."""
+        reason = unsupported_reason(self.backbone) if padding_free else None
+        if reason is not None:
+            log.warning("padding-free forward off for %s: %s; using the padded forward", self.name_or_path, reason)
+        self.padding_free = padding_free and reason is None
+        if compile_layers and not self.padding_free:
+            log.warning("compile_layers applies to the padding-free forward only; it is off here")
+        self.layer_fn = torch.compile(encoder_layer, dynamic=True) if compile_layers and self.padding_free else encoder_layer
+
+    def call_backbone(self, **inputs: Any) -> Any:
+        """`self.backbone(**inputs)`, padding-free when switched on (same outputs at real tokens)."""
+        if self.padding_free:
+            return packed_forward(self.backbone, layer_fn=self.layer_fn, **inputs)
+        return self.backbone(**inputs)
+
     def run_backbone(self, features: dict[str, Tensor]) -> Any:
         """The backbone forward; input formats that inject prompts or prefixes override this."""
-        return self.backbone(
+        return self.call_backbone(
             input_ids=features["input_ids"],
             attention_mask=features["attention_mask"],
             output_hidden_states=self.pooler in ("avg_first_last", "avg_top2"),

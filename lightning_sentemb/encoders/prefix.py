@@ -17,6 +17,8 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 
+from .packed import default_position_ids, encoder_layer, is_roberta_like, packed_forward
+
 __all__ = ["PrefixEncoder", "PrefixedBackbone", "prefix_parameter_count"]
 
 PositionOffset = Literal["shifted", "zero"]
@@ -149,7 +151,7 @@ class PrefixedBackbone(nn.Module):
     def max_sentence_length(self) -> int:
         """Longest input (in tokens) the position embeddings allow; truncate tokenization to it."""
         embeddings = self.backbone.embeddings
-        first_position = embeddings.padding_idx + 1 if self._is_roberta_like() else 0
+        first_position = embeddings.padding_idx + 1 if is_roberta_like(self.backbone) else 0
         if self.position_offset == "shifted":
             first_position += self.prefix_len
         return self.backbone.config.max_position_embeddings - first_position
@@ -159,9 +161,14 @@ class PrefixedBackbone(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        padding_free: bool = False,
+        layer_fn=encoder_layer,
         **kwargs,
     ) -> BaseModelOutputWithPoolingAndCrossAttentions:
-        """Run the backbone with the prefix; extra ``kwargs`` (e.g. token_type_ids) go to it."""
+        """Run the backbone with the prefix; extra ``kwargs`` (e.g. token_type_ids) go to it.
+
+        ``padding_free``: the packed forward (``encoders.packed``, with ``layer_fn``), the prefix
+        keys/values visible to every real token, positions as in the padded forward."""
         batch_size, seq_len = input_ids.shape
         if seq_len > self.max_sentence_length:
             raise ValueError(
@@ -170,13 +177,19 @@ class PrefixedBackbone(nn.Module):
             )
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        prefix = self.prefix_encoder(batch_size)
+        if self.position_offset == "zero":
+            kwargs["position_ids"] = default_position_ids(self.backbone, input_ids)
+        if padding_free:
+            return packed_forward(
+                self.backbone, input_ids, attention_mask, prefix=prefix, past_length=self.prefix_len,
+                output_hidden_states=output_hidden_states, layer_fn=layer_fn, **kwargs,
+            )
         # The model appends this forward's keys/values to the cache, so it must never be reused.
         cache = DynamicCache(config=self.backbone.config)
-        for layer_idx, (key, value) in enumerate(self.prefix_encoder(batch_size)):
+        for layer_idx, (key, value) in enumerate(prefix):
             cache.update(key, value, layer_idx)
         prefix_mask = attention_mask.new_ones(batch_size, self.prefix_len)
-        if self.position_offset == "zero":
-            kwargs["position_ids"] = self._unshifted_position_ids(input_ids)
         return self.backbone(
             input_ids=input_ids,
             attention_mask=torch.cat([prefix_mask, attention_mask], dim=1),
@@ -184,17 +197,6 @@ class PrefixedBackbone(nn.Module):
             output_hidden_states=output_hidden_states,
             **kwargs,
         )
-
-    def _is_roberta_like(self) -> bool:
-        """RoBERTa-family embeddings number positions from padding_idx + 1 and skip pads."""
-        return hasattr(self.backbone.embeddings, "create_position_ids_from_input_ids")
-
-    def _unshifted_position_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeddings = self.backbone.embeddings
-        if self._is_roberta_like():
-            return embeddings.create_position_ids_from_input_ids(input_ids, embeddings.padding_idx)
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        return positions.unsqueeze(0).expand_as(input_ids)
 
 
 def prefix_parameter_count(

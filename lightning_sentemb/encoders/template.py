@@ -195,7 +195,7 @@ class TemplateEncoder(Encoder):
             slots = features["prompt_slots"]
             prompt = self.prompt.to(embeddings.dtype)[slots.clamp_min(0)]
             inputs = {"inputs_embeds": torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)}
-        return self.backbone(**inputs, attention_mask=features["attention_mask"], position_ids=features["position_ids"])
+        return self.call_backbone(**inputs, attention_mask=features["attention_mask"], position_ids=features["position_ids"])
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """(sentences, hidden): the mask state of each sentence row, minus its bias row's when the

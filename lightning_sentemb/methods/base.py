@@ -68,6 +68,11 @@ class SentEmbMethod(LightningModule):
             (its number of negatives) fits a small GPU. Training then uses manual optimization:
             `trainer.gradient_clip_val` and `accumulate_grad_batches` are refused. See
             `grad_cache_backward`.
+        padding_free: run the encoder without computing on padding (`encoders.packed`; same
+            results); false = the backbone's own padded forward. Unsupported backbones fall back
+            with a logged reason.
+        compile_layers: `torch.compile` the padding-free layer (dynamic token counts: no recompile
+            per batch length). Off by default: compiling costs minutes and pays only on long runs.
     """
 
     def __init__(
@@ -86,12 +91,15 @@ class SentEmbMethod(LightningModule):
         eval_precision: Literal["auto", "bf16", "32"] = "auto",
         sts_aggregation: Literal["all", "wmean", "mean"] = "all",
         grad_cache_chunk: int = 0,
+        padding_free: bool = True,
+        compile_layers: bool = False,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
             raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
         self.encoder = self.build_encoder()
+        self.encoder.configure_speed(padding_free, compile_layers)
         hidden = self.encoder.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp != "none" else None
         self.sts_metrics = nn.ModuleDict(
@@ -280,7 +288,8 @@ class SentEmbMethod(LightningModule):
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        # fused: one kernel for all parameters, no per-tensor launches (CPU and CUDA alike)
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, fused=True)
         total = self.trainer.estimated_stepping_batches
         total = int(total) if math.isfinite(total) else 10**9
         schedule = get_linear_schedule_with_warmup(optimizer, self.hparams.warmup_steps, total)

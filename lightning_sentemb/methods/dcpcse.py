@@ -86,6 +86,8 @@ class PrefixTunedEncoder(Encoder):
             features["input_ids"],
             features["attention_mask"],
             output_hidden_states=self.pooler in ("avg_first_last", "avg_top2"),
+            padding_free=self.padding_free,
+            layer_fn=self.layer_fn,
         )
 
     def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

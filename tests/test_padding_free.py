@@ -1,0 +1,125 @@
+"""The padding-free forward against the backbone's own padded forward: same loss, same gradients and
+same evaluation embeddings for every method, on BERT and RoBERTa position schemes (dropout off, fp32)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from lightning_sentemb.callbacks.kmeans import initial_centroids
+from lightning_sentemb.encoders.packed import Packing
+from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+
+SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
+             "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table ."]
+
+METHODS = {
+    "simcse_avg": lambda b: SimCSE(b, pooler="avg", mlp="train"),
+    "simcse_cls_first_last": lambda b: SimCSE(b, pooler="avg_first_last", mlp="train"),
+    "simcse_top2_mlm": lambda b: SimCSE(b, pooler="avg_top2", mlp="none", mlm_weight=0.1),
+    "simcse_sup": lambda b: SimCSE(b, pooler="cls", mlp="always", hard_negative_weight=0.5),
+    "promptbert": lambda b: PromptBERT(b),
+    "conpvp": lambda b: ConPVP(b),
+    "dcpcse_shifted": lambda b: DCPCSE(b, pooler="avg", prefix_len=3),
+    "dcpcse_zero_first_last": lambda b: DCPCSE(b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
+    "clusterns": lambda b: ClusterNS(b, pooler="cls", num_clusters=2, sigma=1.0),
+}
+
+
+def without_dropout(method: nn.Module) -> nn.Module:
+    for module in method.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return method
+
+
+def batch_for(method, supervised: bool) -> dict:
+    ids = method.encoder.format.sentence_ids(SENTENCES)
+    if supervised:
+        examples = [{"sent0": ids[i], "sent1": ids[(i + 1) % 6], "hard_neg": ids[(i + 2) % 6]} for i in range(6)]
+    else:
+        examples = [{"sent0": row} for row in ids]
+    torch.manual_seed(0)  # ConPVP samples templates in collate
+    return method.collate(examples)
+
+
+def loss_and_grads(method, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    method.zero_grad(set_to_none=True)
+    loss = method.training_step(copy.deepcopy(batch), 0)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in method.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
+@pytest.mark.parametrize("name", list(METHODS))
+def test_fast_path_equals_padded_path(name: str, family: str, request, monkeypatch) -> None:
+    monkeypatch.setattr(SimCSE, "log", lambda *a, **k: None)
+    monkeypatch.setattr(SimCSE, "log_dict", lambda *a, **k: None)
+    torch.manual_seed(0)
+    fast = without_dropout(METHODS[name](request.getfixturevalue(family))).train()
+    assert fast.encoder.padding_free
+    batch = batch_for(fast, supervised=name == "simcse_sup")
+    assert not bool(batch["features"]["attention_mask"].all()), "the batch must hold padding"
+    if name == "clusterns":
+        with torch.no_grad():
+            views = fast.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
+        fast.cluster_state.initialize_(initial_centroids(views[0], 2))
+    padded = copy.deepcopy(fast)
+    padded.encoder.configure_speed(padding_free=False, compile_layers=False)
+    fast_loss, fast_grads = loss_and_grads(fast, batch)
+    padded_loss, padded_grads = loss_and_grads(padded, batch)
+    torch.testing.assert_close(fast_loss, padded_loss, atol=1e-5, rtol=1e-5)
+    assert fast_grads.keys() == padded_grads.keys() and len(fast_grads) > 0
+    for key in fast_grads:
+        torch.testing.assert_close(fast_grads[key], padded_grads[key], atol=1e-5, rtol=1e-5, msg=key)
+    torch.testing.assert_close(fast.encode(SENTENCES), padded.encode(SENTENCES), atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_stays_active_on_the_fast_path(tiny_bert: str) -> None:
+    """SimCSE's augmentation: two training forwards of the same batch differ, evaluation ones do not."""
+    method = SimCSE(tiny_bert, pooler="avg", mlp="none").train()
+    features = method.encoder.format.build(method.encoder.format.sentence_ids(SENTENCES), None)
+    assert not torch.allclose(method.embed(features), method.embed(features))
+    method.eval()
+    torch.testing.assert_close(method.embed(features), method.embed(features))
+
+
+def test_packing_round_trip() -> None:
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    packing = Packing(mask)
+    padded = torch.arange(9.0).view(3, 3, 1)
+    packed = packing.pack(padded)
+    assert packed.flatten().tolist() == [0.0, 1.0, 3.0, 6.0, 7.0, 8.0]
+    assert packing.unpack(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
+
+
+def test_unsupported_backbone_falls_back_with_a_reason(tiny_bert: str, caplog) -> None:
+    method = SimCSE(tiny_bert, pooler="avg")
+    method.encoder.backbone.config.position_embedding_type = "relative_key"
+    with caplog.at_level(logging.WARNING):
+        method.encoder.configure_speed(padding_free=True, compile_layers=False)
+    assert not method.encoder.padding_free and "relative_key" in caplog.text
+
+
+def test_switch_reaches_the_encoder(tiny_bert: str) -> None:
+    assert not SimCSE(tiny_bert, padding_free=False).encoder.padding_free
+
+
+@pytest.mark.slow
+def test_gpu_benchmark_smoke_runs_every_method(tmp_path) -> None:
+    """`benchmarks/gpu.py --smoke`: tiny config on CPU, every method both ways and sentence-transformers."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    output = tmp_path / "gpu.json"
+    subprocess.run([sys.executable, str(repo / "benchmarks" / "gpu.py"), "--smoke", "--output", str(output)],
+                   check=True, capture_output=True, cwd=repo)
+    rows = json.loads(output.read_text())["rows"]
+    assert len(rows) == 11 and all(row["sentences_per_s"] > 0 for row in rows)
