@@ -20,7 +20,6 @@ loss, stepped in the same hand-written loop (no Trainer overhead: an upper bound
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -169,7 +168,7 @@ def main() -> None:
                     seconds, memory = timed(lambda: train_step(method, prepared, optimizer, clustering, True),
                                             device, options.steps, options.warmup)
                     record(method_name, "padding-free" if padding_free else "padded", batch, seconds, memory, flops)
-                del method, optimizer
+                method = optimizer = None  # free this method before the next one is built
             seconds, memory, flops = time_sentence_transformers(backbone, sentences, device, options.steps, options.warmup)
             record("sentence-transformers (MNRL)", "padded", batch, seconds, memory, flops)
     if options.output:
