@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import logging
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -14,7 +13,6 @@ from torch import nn
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.encoders.packed import Packing
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
-from lightning_sentemb.methods.base import token_budget_batches
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table ."]
@@ -97,23 +95,6 @@ def test_packing_round_trip() -> None:
     packed = packing.pack(padded)
     assert packed.flatten().tolist() == [0.0, 1.0, 3.0, 6.0, 7.0, 8.0]
     assert packing.unpack(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
-
-
-def test_token_budget_batches_share_the_longest_batch_positions() -> None:
-    """Rows 3, 0, 2, 1 with lengths 8, 4, 4, 2 and 1 sentence per batch at the longest: 8 positions."""
-    order = np.array([3, 0, 2, 1])
-    batches = token_budget_batches(order, [8, 4, 4, 2], batch_size=1)
-    assert [b.tolist() for b in batches] == [[3], [0, 2], [1]]
-
-
-@pytest.mark.parametrize("cls", [SimCSE, PromptBERT])
-def test_encode_is_independent_of_its_batching(cls, tiny_bert: str) -> None:
-    """Token-budget batches (one long sentence's worth of positions) give each sentence's own
-    embedding, in the input order."""
-    sentences = ["a b c d e f g h i j k", *SENTENCES, "b", "c d"]
-    method = cls(tiny_bert, pooler="avg") if cls is SimCSE else cls(tiny_bert)
-    alone = torch.cat([method.encode([sentence]) for sentence in sentences])
-    torch.testing.assert_close(method.encode(sentences, batch_size=1), alone)
 
 
 def test_unsupported_backbone_falls_back_with_a_reason(tiny_bert: str, caplog) -> None:

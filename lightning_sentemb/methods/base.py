@@ -45,20 +45,6 @@ def autocast_for(device: torch.device, precision: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def token_budget_batches(order: np.ndarray, row_lengths: list[int], batch_size: int) -> list[np.ndarray]:
-    """Consecutive slices of `order` (rows sorted longest first; `row_lengths` in that order) holding
-    at most `batch_size` rows of the longest length in padded positions each: short sentences share
-    a batch with many others (a forward's cost follows its tokens, and big batches use the cores
-    better), while no batch pads more positions, so peak memory is the first batch's."""
-    budget = batch_size * max(row_lengths[0], 1) if row_lengths else 0
-    batches, start = [], 0
-    while start < len(order):
-        size = max(budget // max(row_lengths[start], 1), 1)
-        batches.append(order[start : start + size])
-        start += size
-    return batches
-
-
 class SentEmbMethod(LightningModule):
     """Base of every method.
 
@@ -315,11 +301,7 @@ class SentEmbMethod(LightningModule):
         return self.features_from_ids(self.encoder.format.sentence_ids(sentences))
 
     def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
-        return self.encoder.format.build(sentence_ids, self.eval_max_length)
-
-    @property
-    def eval_max_length(self) -> int:
-        return self.hparams.eval_max_length or self.encoder.max_length
+        return self.encoder.format.build(sentence_ids, self.hparams.eval_max_length or self.encoder.max_length)
 
     def encode_batch(self, sentences: list[str]) -> Tensor:
         return self.embed_features(self.sentence_features(sentences))
@@ -336,19 +318,18 @@ class SentEmbMethod(LightningModule):
         (evaluators pass the task running).
 
         Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient,
-        autocast per `eval_precision`. Every evaluator calls this. `batch_size` sentences of the
-        longest length set a token budget that every batch shares (`token_budget_batches`).
+        autocast per `eval_precision`. Every evaluator calls this.
         """
         batch_size = batch_size or self.hparams.eval_batch_size
         was_training = self.training
         self.eval()
         sentence_ids = self.encoder.format.sentence_ids(sentences)
         order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
-        row_lengths = [len(self.encoder.format.wrap(sentence_ids[i], self.eval_max_length)) for i in order]
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
         out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
         with autocast_for(self.device, self.hparams.eval_precision):
-            for rows in tqdm(token_budget_batches(order, row_lengths, batch_size), desc=label, disable=not show):
+            for start in tqdm(range(0, len(sentences), batch_size), desc=label, disable=not show):
+                rows = order[start : start + batch_size]
                 features = self.features_from_ids([sentence_ids[i] for i in rows])
                 out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()
         self.train(was_training)
