@@ -64,8 +64,9 @@ class Packing:
         self.index = self.mask.flatten().nonzero().squeeze(1)  # the one host sync: the token count
 
     def pack(self, padded: Tensor) -> Tensor:
-        """(batch, length, ...) -> (tokens, ...)."""
-        return padded.flatten(0, 1)[self.index]
+        """(batch, length, ...) -> (tokens, ...). `index_select`, not `[index]`: its backward is an
+        index_add, several times faster on CPU than advanced indexing's accumulating index_put."""
+        return padded.flatten(0, 1).index_select(0, self.index)
 
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, length, ...) with zeros at padding."""
