@@ -9,9 +9,10 @@ import logging
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import Packing
+from lightning_sentemb.encoders.packed import Packing, cpu_dropout_attention
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -86,6 +87,47 @@ def test_dropout_stays_active_on_the_fast_path(tiny_bert: str) -> None:
     assert not torch.allclose(method.embed(features), method.embed(features))
     method.eval()
     torch.testing.assert_close(method.embed(features), method.embed(features))
+
+
+def attention_inputs(key_length: int) -> tuple[torch.Tensor, ...]:
+    """(batch 3, heads 2, length 4, head_dim 8) queries; keys may be longer (a DCPCSE prefix)."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 2, 4, 8, generator=generator, dtype=torch.float64)
+    key, value = torch.randn(2, 3, 2, key_length, 8, generator=generator, dtype=torch.float64)
+    key_mask = torch.arange(key_length)[None] < torch.tensor([key_length, 2, 1])[:, None]
+    return query, key, value, key_mask
+
+
+@pytest.mark.parametrize("key_length", [4, 6])
+def test_cpu_dropout_attention_equals_sdpa_without_dropout(key_length: int) -> None:
+    inputs = attention_inputs(key_length)
+    ours = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    theirs = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = cpu_dropout_attention(*ours, dropout_p=0.0, scale=0.3)
+    reference = F.scaled_dot_product_attention(*theirs[:3], attn_mask=theirs[3][:, None, None, :], scale=0.3)
+    torch.testing.assert_close(out, reference, atol=1e-12, rtol=1e-12)
+    weights = torch.randn_like(out)
+    (out * weights).sum().backward()
+    (reference * weights).sum().backward()
+    for mine, other in zip(ours[:3], theirs[:3]):
+        torch.testing.assert_close(mine.grad, other.grad, atol=1e-12, rtol=1e-12)
+
+
+def test_cpu_dropout_attention_drops_probabilities() -> None:
+    """With one-hot values the output is the probability matrix itself: every entry is either dropped
+    (0) or the plain softmax probability scaled by 1 / (1 - p); masked keys stay at 0."""
+    query, key, _, key_mask = attention_inputs(8)
+    value = torch.eye(8, dtype=torch.float64).expand(3, 2, 8, 8)
+    p = 0.25
+    torch.manual_seed(0)
+    dropped = cpu_dropout_attention(query, key, value, key_mask, dropout_p=p, scale=0.3)
+    scores = torch.einsum("bhqd,bhkd->bhqk", query, key) * 0.3
+    probabilities = scores.masked_fill(~key_mask[:, None, None, :], float("-inf")).softmax(-1)
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], probabilities[kept] / (1 - p))
+    assert not kept[~key_mask[:, None, None, :].expand_as(kept)].any()
+    real = key_mask[:, None, None, :].expand_as(kept)
+    assert 0 < (~kept[real]).sum() < real.sum()
 
 
 def test_packing_round_trip() -> None:
