@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -181,7 +182,8 @@ def test_evaluate_keeps_finished_results_when_a_later_evaluator_fails(tiny_bert,
     assert list(json.loads(output.read_text())) == ["sts"]
 
 
-def test_evaluators_label_their_encode_passes(sts_fixture):
+def test_evaluators_label_their_encode_passes(sts_fixture, tmp_path):
+    """Each progress bar says which evaluator and which task or pass is running."""
     from lightning_sentemb.evaluation.suite import evaluate_suite
 
     labels = []
@@ -190,8 +192,24 @@ def test_evaluators_label_their_encode_passes(sts_fixture):
         labels.append(label)
         return torch.randn(len(sentences), 4, generator=torch.Generator().manual_seed(len(sentences)))
 
-    evaluate_suite(encode, ["sts"], sts_fixture)
-    assert labels == ["sts"]
+    evaluate_suite(encode, ["sts", "analysis"], sts_fixture, figure_dir=tmp_path)
+    assert labels == ["sts", "analysis: the STS pairs"] + [
+        f"analysis: STS without the {k} most frequent tokens" for k in (0, 5, 10, 15, 20)]
+
+
+def test_task_labelled_encode_names_the_data_set():
+    from lightning_sentemb.evaluation.metrics import TaskLabelledEncode, encode_checked
+
+    labels = []
+
+    def encode(sentences: list[str], label: str) -> np.ndarray:
+        labels.append(label)
+        return np.ones((len(sentences), 2), dtype=np.float32)
+
+    labelled = TaskLabelledEncode(encode, "transfer")
+    encode_checked(labelled, ["a", "b"], "MR all")
+    labelled(["c"])
+    assert labels == ["transfer: MR all", "transfer"]
 
 
 # ----- training: one eval batch size, whole config logged, progress bar -----------------------

@@ -227,12 +227,13 @@ def remove_tokens(sentence: str, tokens: set[str]) -> str:
 
 
 def frequent_token_removal(
-    encode: Encode,
+    encode_pass: Callable[[int], Encode],
     sts_score: Callable[[Encode], float],
     corpus: Sequence[str],
     ks: Sequence[int] = (0, 5, 10, 15, 20),
 ) -> dict:
-    """``sts_score`` of ``encode`` applied to text without the k most frequent tokens of ``corpus``, per k.
+    """``sts_score`` of text without the k most frequent tokens of ``corpus``, per k, encoded by
+    ``encode_pass(k)`` (one encoder per pass, so a caller can name the pass on its progress bar).
 
     ConPVP counts frequencies on the STS-B test split: pass its sentences as ``corpus``.
     """
@@ -241,9 +242,9 @@ def frequent_token_removal(
     ranked = most_frequent_tokens(corpus, max(ks))
     scores = []
     for k in ks:
-        removed = set(ranked[:k])
+        removed, encode = set(ranked[:k]), encode_pass(k)
 
-        def encode_without(sentences: list[str], removed: set[str] = removed) -> np.ndarray:
+        def encode_without(sentences: list[str], removed: set[str] = removed, encode: Encode = encode) -> np.ndarray:
             return encode([remove_tokens(s, removed) for s in sentences])
 
         scores.append(float(sts_score(encode_without if removed else encode)))

@@ -15,12 +15,29 @@ from sklearn.metrics import adjusted_mutual_info_score, normalized_mutual_info_s
 Encode = Callable[[list[str]], np.ndarray]
 
 
+class TaskLabelledEncode:
+    """An `Encode` whose progress bar names the task it is encoding: `encode_checked` labels each
+    call "<evaluator>: <data set>"; any other caller gets the evaluator's name alone.
+    `encode(sentences, label=...)` is `SentEmbMethod.encode` (or anything with its signature)."""
+
+    def __init__(self, encode: Callable[..., np.ndarray], evaluator: str) -> None:
+        self.encode, self.evaluator = encode, evaluator
+
+    def __call__(self, sentences: list[str]) -> np.ndarray:
+        return self.encode(sentences, label=self.evaluator)
+
+    def for_task(self, what: str) -> Encode:
+        return lambda sentences: self.encode(sentences, label=f"{self.evaluator}: {what}")
+
+
 def encode_checked(encode: Encode, sentences: Sequence[str], what: str) -> np.ndarray:
     """Call ``encode`` once and check it returned one finite float32 row per sentence.
 
     A wrong shape from a user's encoder would otherwise surface as an obscure sklearn or
     faiss error far from its cause; ``what`` names the data set in the message.
     """
+    if isinstance(encode, TaskLabelledEncode):
+        encode = encode.for_task(what)
     embeddings = np.asarray(encode(list(sentences)), dtype=np.float32)
     if embeddings.ndim != 2 or embeddings.shape[0] != len(sentences):
         raise ValueError(

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ..data.senteval import STS_TASKS, load_sts_task
+from .metrics import TaskLabelledEncode
 from .sts import evaluate_sts
 
 EVALUATORS = ("sts", "transfer", "fewshot", "cluster", "analysis")
@@ -35,8 +36,8 @@ def evaluate_suite(
 ) -> dict[str, dict]:
     """Run the named evaluators with one `encode`; keys: sts, transfer, clustering, analysis, frequent_tokens.
 
-    `encode(sentences, label=...)` is `SentEmbMethod.encode`: the label names the evaluator on its
-    progress bar. `on_result(results so far)` is called as each evaluator finishes, so a caller can
+    `encode(sentences, label=...)` is `SentEmbMethod.encode`: the label names the evaluator and the
+    task or pass on its progress bar. `on_result(results so far)` is called as each evaluator finishes, so a caller can
     keep finished results when a later one fails. `fewshot` adds ConPVP's 16-shot runs to the
     transfer results (and implies `transfer`).
     """
@@ -47,8 +48,9 @@ def evaluate_suite(
     def labelled(label: str) -> Callable[[list[str]], torch.Tensor]:
         return lambda sentences: encode(list(sentences), label=label)
 
-    def numpy(label: str) -> Callable[[list[str]], np.ndarray]:
-        return lambda sentences: labelled(label)(sentences).float().cpu().numpy()
+    def numpy(evaluator: str) -> TaskLabelledEncode:
+        return TaskLabelledEncode(lambda sentences, label: encode(list(sentences), label=label).float().cpu().numpy(),
+                                  evaluator)
 
     def finished(key: str, result: dict) -> None:
         results[key] = result
@@ -65,11 +67,11 @@ def evaluate_suite(
         finished("clustering", evaluate_clustering(numpy("cluster"), data_dir))
     if "analysis" in evaluators:
         stsb = load_sts_task("STSBenchmark", data_dir)
-        finished("analysis", analyze_sts_pairs(numpy("analysis: STS-B pairs"), stsb.first, stsb.second, stsb.gold,
+        finished("analysis", analyze_sts_pairs(numpy("analysis"), stsb.first, stsb.second, stsb.gold,
                                                Path(figure_dir), name=name))
         sts_tasks = [load_sts_task(t, data_dir) for t in STS_TASKS]
         finished("frequent_tokens", frequent_token_removal(
-            numpy("analysis: frequent tokens removed"),
+            lambda k: numpy(f"analysis: STS without the {k} most frequent tokens"),
             lambda enc: evaluate_sts(lambda s: torch.as_tensor(enc(s)), sts_tasks, aggregation)["avg"],
             stsb.first + stsb.second,
         ))

@@ -68,8 +68,14 @@ def test_frequent_token_removal_feeds_the_scorer_the_stripped_text():
         captured.append(list(sentences))
         return hashed_bow(sentences)
 
+    passes = []
+
+    def encode_pass(k: int):
+        passes.append(k)
+        return recording_encode
+
     result = frequent_token_removal(
-        recording_encode,
+        encode_pass,
         lambda enc: float(len(enc(["The cat sat .", "a dog"]))),
         ["the the cat .", "the ."],
         ks=(0, 1, 2),
@@ -77,6 +83,7 @@ def test_frequent_token_removal_feeds_the_scorer_the_stripped_text():
     assert result["ks"] == [0, 1, 2] and result["scores"] == [2.0, 2.0, 2.0]
     assert result["removed_tokens"] == ["the", "."]
     assert captured == [["The cat sat .", "a dog"], ["cat sat .", "a dog"], ["cat sat", "a dog"]]
+    assert passes == [0, 1, 2]
 
 
 def test_tsne_writes_a_png_and_uses_the_requested_groups(tmp_path: Path):

@@ -70,7 +70,7 @@ def test_end_to_end_report_on_fixtures(eval_data: Path, tmp_path: Path):
             ),
             "clustering": evaluate_clustering(encode, eval_data, tasks=["AgNews", "Tweet", "DBpedia"], runs=2),
             "analysis": analyze_sts_pairs(encode, first, second, gold, tmp_path / "work", name=name, pairs_per_group=2),
-            "frequent_tokens": frequent_token_removal(encode, sts_score, first + second, ks=(0, 1, 2)),
+            "frequent_tokens": frequent_token_removal(lambda k, encode=encode: encode, sts_score, first + second, ks=(0, 1, 2)),
         }
     out = tmp_path / "report"
     written = write_report(results, out)
