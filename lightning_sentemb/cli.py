@@ -51,6 +51,7 @@ def evaluate_main(args: list[str]) -> None:
     from .evaluation.sts import format_table
     from .evaluation.suite import EVALUATORS, evaluate_suite, parse_evaluators
     from .loading import load_method
+    from .loggers import silence_known_noise
 
     parser = argparse.ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
     parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
@@ -69,6 +70,7 @@ def evaluate_main(args: list[str]) -> None:
     parser.add_argument("--device", default=None, help="cuda when available, else cpu")
     parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
     options = parser.parse_args(args)
+    silence_known_noise()
     try:
         evaluators = parse_evaluators(options.tasks)
     except ValueError as error:
@@ -119,14 +121,17 @@ def check_writable(path: Path, option: str) -> None:
 
 
 def export_main(args: list[str]) -> None:
-    from .export import export
+    from .export import check_export_folder, export
     from .loading import load_method
+    from .loggers import silence_known_noise
 
     parser = argparse.ArgumentParser(prog="sentemb export", description="Checkpoint → HF + sentence-transformers folder.")
     parser.add_argument("checkpoint")
     parser.add_argument("out_dir")
     parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
     options = parser.parse_args(args)
+    silence_known_noise()
+    check_export_folder(options.out_dir)
     folder = export(load_method(options.checkpoint, trust_checkpoint=options.trust_checkpoint), options.out_dir)
     print(f"exported to {folder} (AutoModel.from_pretrained and SentenceTransformer both load it)")
 

@@ -11,6 +11,7 @@ import yaml
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from transformers.utils import logging as transformers_logging
 
 
 def wandb_configured() -> bool:
@@ -53,6 +54,7 @@ def silence_known_noise() -> None:
     by its own text (so anything new still shows)."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     warnings.filterwarnings("ignore", message=r"Precision \S+ is not supported by the model summary")
+    transformers_logging.disable_progress_bar()  # the per-tensor "Loading weights" bar of every model load
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_not_a_lightning_tip)
 

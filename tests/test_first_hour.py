@@ -142,6 +142,13 @@ class PlantedCode:
         return open, (str(self.marker), "w")
 
 
+def test_export_into_a_non_empty_folder_is_refused_before_loading(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    line = error_line(capsys, "export", str(tmp_path / "never_loaded.ckpt"), str(tmp_path / "out"))
+    assert "export folder" in line and "not empty" in line and str(tmp_path / "out") in line
+
+
 @pytest.mark.parametrize("tool", ["evaluate", "export"])
 def test_planted_code_in_a_checkpoint_does_not_run(tool, tmp_path, capsys):
     marker = tmp_path / "marker"

@@ -19,21 +19,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..atomic_io import atomic_directory
+from ..errors import SentEmbUserError
 from .plain import write_plain_export, write_pooling_modules
 
 if TYPE_CHECKING:
     from ..methods.base import SentEmbMethod
 
-__all__ = ["export", "write_plain_export", "write_pooling_modules"]
+__all__ = ["ExportFolderNotEmptyError", "check_export_folder", "export", "write_plain_export", "write_pooling_modules"]
+
+
+class ExportFolderNotEmptyError(SentEmbUserError, FileExistsError):
+    """Never export over another model's files: a mixed folder would load as neither."""
+
+
+def check_export_folder(out_dir: str | os.PathLike) -> Path:
+    """`out_dir` as a Path when an export may go there (absent or empty); `sentemb export` asks
+    before loading the checkpoint."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ExportFolderNotEmptyError(f"export folder {out_dir} exists and is not empty; choose a new folder or remove it")
+    return out_dir
 
 
 def export(method: SentEmbMethod, out_dir: str | os.PathLike) -> Path:
     """Write the export into a staging folder beside `out_dir` and rename it into place only when
     complete (a kill leaves no `out_dir`, never a half-written one); folder and files get the
     permissions `cp` would give them under the umask."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir} exists and is not empty; choose a new folder or remove it")
+    out_dir = check_export_folder(out_dir)
     with atomic_directory(out_dir) as staging:
         method.write_export(staging)
     return out_dir
