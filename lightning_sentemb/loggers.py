@@ -54,6 +54,8 @@ def silence_known_noise() -> None:
     by its own text (so anything new still shows)."""
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     warnings.filterwarnings("ignore", message=r"Precision \S+ is not supported by the model summary")
+    # a fit into a folder with checkpoints is refused or resumed before Lightning looks (SentEmbCLI)
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     transformers_logging.disable_progress_bar()  # the per-tensor "Loading weights" bar of every model load
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_not_a_lightning_tip)
