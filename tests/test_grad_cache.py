@@ -96,9 +96,14 @@ def test_cached_gradient_equals_one_forward(name: str, tiny_bert: str) -> None:
     assert relative_error(got, want) < 1e-10, name
 
 
-def test_fp32_cached_gradient_is_as_close_to_float64(tiny_roberta: str) -> None:
-    method = build("promptbert", tiny_roberta)
-    batch = batch_for("promptbert", method)
+@pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
+@pytest.mark.parametrize("name", list(METHODS))
+def test_fp32_cached_gradient_is_as_close_to_float64(name: str, family: str, request) -> None:
+    """In fp32 the two paths sum in different orders, so they differ by rounding (1e-7 to 2e-4 relative
+    on these tiny random models), never more than the uncached path's own distance from float64
+    (3e-6 to 3e-3): caching adds no error of its own."""
+    method = build(name, request.getfixturevalue(family))
+    batch = batch_for(name, method)
     _, want32 = gradients(method, batch, 0)
     _, got32 = gradients(method, batch, CHUNK)
     _, truth = gradients(method.double(), batch, 0)
