@@ -101,7 +101,7 @@ class SentEmbCheckpoint(ModelCheckpoint):
         if not _finite_weights(pl_module):
             rank_zero_warn(f"last.ckpt not written at step {trainer.global_step}: the weights are not finite")
             return
-        trainer.save_checkpoint(self.last_path)
+        trainer.save_checkpoint(self.last_path, weights_only=False)  # full state: a resume needs it
         self._last_saved_step = trainer.global_step
         self.last_model_path = str(self.last_path)
 
