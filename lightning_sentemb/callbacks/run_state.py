@@ -49,7 +49,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def _finite_weights(module: LightningModule) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in module.parameters())
+    """Every parameter finite, read back once (not once per tensor)."""
+    return bool(torch.stack([torch.isfinite(p).all() for p in module.parameters()]).all())
 
 
 class SentEmbCheckpoint(ModelCheckpoint):

@@ -3,7 +3,8 @@
 Batches stay padded (`input_ids` / `attention_mask`, the format every collate, gradient cache and
 resume logic relies on); only the forward changes. Every token-wise module — embeddings, Q/K/V and
 output projections, FFN, LayerNorm, dropout — runs on the `[real_tokens, hidden]` rows alone;
-attention alone is re-padded per sentence (SDPA with a key mask). On a wiki1m batch of 64 at
+attention alone is re-padded per sentence (SDPA with a key mask; on CPU with dropout, the same math as
+batched GEMMs, `cpu_dropout_attention`). On a wiki1m batch of 64 at
 max_len 32 a third of the padded positions are padding, work the padded forward wastes.
 
 The weights, module names and checkpoints are the HF model's own: this is a second layer loop over
@@ -14,15 +15,11 @@ Padding positions of the returned states are zeros (HF leaves junk there); poole
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
-
-log = logging.getLogger(__name__)
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 

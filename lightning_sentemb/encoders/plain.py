@@ -228,15 +228,16 @@ class Encoder(nn.Module):
         )
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
-        outputs = self.run_backbone(features)
-        return pool(
+        """(sentences, hidden): the pooled state of every input row, combined by `combine_rows`."""
+        rows = pool(
             self.pooler,
-            outputs,
+            self.run_backbone(features),
             features["attention_mask"],
             features["input_ids"],
             self.tokenizer.mask_token_id,
             self.first_hidden_index,
         )
+        return self.combine_rows(rows, features)
 
     # Feature keys that describe the whole batch rather than one row (read by `combine_rows`):
     # gradient caching slices every other key by rows.

@@ -197,12 +197,9 @@ class TemplateEncoder(Encoder):
             inputs = {"inputs_embeds": torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)}
         return self.call_backbone(**inputs, attention_mask=features["attention_mask"], position_ids=features["position_ids"])
 
-    def forward(self, features: dict[str, Tensor]) -> Tensor:
+    def combine_rows(self, row_states: Tensor, features: dict[str, Tensor]) -> Tensor:
         """(sentences, hidden): the mask state of each sentence row, minus its bias row's when the
         features carry `bias_index`."""
-        return self.combine_rows(super().forward(features), features)
-
-    def combine_rows(self, row_states: Tensor, features: dict[str, Tensor]) -> Tensor:
         if "bias_index" not in features:
             return row_states
         index = features["bias_index"]

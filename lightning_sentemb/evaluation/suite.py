@@ -6,7 +6,6 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..data.senteval import STS_TASKS, load_sts_task

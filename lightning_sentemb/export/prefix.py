@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
-from ..encoders.plain import resolve_model_path
+from ..encoders.plain import load_pretrained
 from ..encoders.prefix import PositionOffset, PrefixedBackbone
 from .st_module import SentEmbSTModule
 
@@ -50,7 +50,6 @@ class PrefixedTransformer(SentEmbSTModule):
         output_hidden_states: bool = False,
     ) -> None:
         super().__init__()
-        path = resolve_model_path(backbone)
         self.backbone = backbone
         self.prefix_len = prefix_len
         self.max_seq_length = max_seq_length
@@ -58,9 +57,9 @@ class PrefixedTransformer(SentEmbSTModule):
         self.projection_hidden_size = projection_hidden_size
         self.position_offset = position_offset
         self.output_hidden_states = output_hidden_states
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         self.prefixed = PrefixedBackbone(
-            AutoModel.from_pretrained(path), prefix_len, projection, projection_hidden_size,
+            load_pretrained(AutoModel, backbone), prefix_len, projection, projection_hidden_size,
             position_offset=position_offset,
         )
 

@@ -87,7 +87,6 @@ class TemplateSentenceEncoder(SentEmbSTModule):
 
 def write_template_export(method: PromptMethod, folder: Path) -> None:
     """The method's evaluation-time embedding (template 0, `denoise_test`, MLP if mlp='always')."""
-    max_length = method.hparams.eval_max_length or method.encoder.max_length
-    module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, max_length, method.eval_mlp)
+    module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, method.eval_length, method.eval_mlp)
     module.save(str(folder))
     write_json(folder / "modules.json", [TemplateSentenceEncoder.modules_entry()])

@@ -300,8 +300,13 @@ class SentEmbMethod(LightningModule):
         """Model inputs for raw sentences at evaluation (method's format, evaluation truncation)."""
         return self.features_from_ids(self.encoder.format.sentence_ids(sentences))
 
+    @property
+    def eval_length(self) -> int:
+        """Truncation at evaluation and in exports: `eval_max_length`, else the model's maximum."""
+        return self.hparams.eval_max_length or self.encoder.max_length
+
     def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
-        return self.encoder.format.build(sentence_ids, self.hparams.eval_max_length or self.encoder.max_length)
+        return self.encoder.format.build(sentence_ids, self.eval_length)
 
     def encode_batch(self, sentences: list[str]) -> Tensor:
         return self.embed_features(self.sentence_features(sentences))

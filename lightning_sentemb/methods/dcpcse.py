@@ -204,7 +204,7 @@ class DCPCSE(SimCSE):
             "projection": hp.prefix_projection,
             "projection_hidden_size": hp.prefix_hidden_size,
             "position_offset": hp.position_offset,
-            "max_seq_length": hp.eval_max_length or self.encoder.max_length,
+            "max_seq_length": self.eval_length,
             "output_hidden_states": hp.pooler in ("avg_first_last", "avg_top2"),
         }
         PrefixedTransformer.write_files(folder, config, prefix_weights(self.encoder.prefixed))

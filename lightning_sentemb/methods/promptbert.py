@@ -85,8 +85,7 @@ class PromptMethod(SimCSE):
 
     def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
         """Evaluation inputs: template 0, bias rows when the running stage denoises."""
-        max_length = self.hparams.eval_max_length or self.encoder.max_length
-        return self.encoder.format.build(sentence_ids, max_length, denoise=self.eval_denoise())
+        return self.encoder.format.build(sentence_ids, self.eval_length, denoise=self.eval_denoise())
 
     def write_export(self, folder: Path) -> None:
         from ..export.template import write_template_export
