@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 
 from lightning_sentemb.data.corpus import read_corpus, tokenized_corpus
