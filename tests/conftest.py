@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random BERT/RoBERTa folders built in code (no downloads), the data dir."""
+"""Shared fixtures: tiny random BERT/RoBERTa/ModernBERT and decoder-LLM folders built in code (no
+downloads), the data dir."""
 
 from __future__ import annotations
 
@@ -8,7 +9,22 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer, processors
-from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerFast, RobertaConfig, RobertaModel
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+    GemmaConfig,
+    LlamaConfig,
+    MistralConfig,
+    ModernBertConfig,
+    PreTrainedConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+    RobertaConfig,
+    RobertaModel,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ROBERTA_CORPUS = [
@@ -72,6 +88,73 @@ def tiny_roberta(tmp_path_factory: pytest.TempPathFactory) -> str:
     RobertaModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def save_tiny(path: Path, config: PreTrainedConfig) -> str:
+    """A random `AutoModel` of `config` with the all-MiniLM-L6-v2 WordPiece tokenizer, saved to `path`."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def minilm_ids() -> dict[str, int]:
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
+
+
+# Decoder LLM shapes: 2 layers, 32 wide, 4 query heads over 2 key/value heads (grouped-query attention).
+DECODER_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=128)
+DECODER_CONFIGS = {
+    "tiny_llama": lambda ids: LlamaConfig(**DECODER_SIZES, **ids),
+    "tiny_qwen2": lambda ids: Qwen2Config(**DECODER_SIZES, **ids),
+    "tiny_qwen3": lambda ids: Qwen3Config(**DECODER_SIZES, head_dim=8, **ids),
+    "tiny_mistral": lambda ids: MistralConfig(**DECODER_SIZES, **ids),
+    "tiny_gemma": lambda ids: GemmaConfig(**DECODER_SIZES, head_dim=8, **ids),
+}
+
+
+def _tiny_decoder(name: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return save_tiny(tmp_path_factory.mktemp(name), DECODER_CONFIGS[name](minilm_ids()))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny_decoder("tiny_llama", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny_decoder("tiny_qwen2", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny_decoder("tiny_qwen3", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny_decoder("tiny_mistral", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _tiny_decoder("tiny_gemma", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_modernbert(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """3-layer random ModernBERT: global attention in layers 0 and 2, a local window of ±4 in layer 1
+    (shorter than the test sentences, so the window matters)."""
+    ids = minilm_ids()
+    config = ModernBertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                              max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=8,
+                              cls_token_id=ids["bos_token_id"], sep_token_id=ids["eos_token_id"], **ids)
+    return save_tiny(tmp_path_factory.mktemp("tiny_modernbert"), config)
 
 
 @pytest.fixture()

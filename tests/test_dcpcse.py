@@ -94,7 +94,8 @@ def test_zero_length_prefix_reproduces_the_plain_backbone(family, pooler, reques
     prefixed = DCPCSE(path, prefix_len=0, pooler=pooler, mlp="none", mlm_weight=0.1)
     plain = SimCSE(path, pooler=pooler, mlp="none", mlm_weight=0.1)
     assert torch.equal(prefixed.encode(SENTENCES), plain.encode(SENTENCES))
-    batch = unsupervised_batch(plain)["features"]
+    features = unsupervised_batch(plain)["features"]
+    batch = {key: features[key] for key in ("input_ids", "attention_mask")}
     prefixed.encoder.mlm_model.load_state_dict(plain.encoder.mlm_model.state_dict())  # both heads are fresh
     prefixed.eval(), plain.eval()
     with torch.no_grad():

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import Packing, cpu_dropout_attention
+from lightning_sentemb.encoders.packed import TokenLayout, cpu_dropout_attention
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -103,7 +103,7 @@ def test_cpu_dropout_attention_equals_sdpa_without_dropout(key_length: int) -> N
     inputs = attention_inputs(key_length)
     ours = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
     theirs = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
-    out = cpu_dropout_attention(*ours, dropout_p=0.0, scale=0.3)
+    out = cpu_dropout_attention(*ours[:3], ours[3][:, None, None, :], dropout_p=0.0, scale=0.3)
     reference = F.scaled_dot_product_attention(*theirs[:3], attn_mask=theirs[3][:, None, None, :], scale=0.3)
     torch.testing.assert_close(out, reference, atol=1e-12, rtol=1e-12)
     weights = torch.randn_like(out)
@@ -120,7 +120,7 @@ def test_cpu_dropout_attention_drops_probabilities() -> None:
     value = torch.eye(8, dtype=torch.float64).expand(3, 2, 8, 8)
     p = 0.25
     torch.manual_seed(0)
-    dropped = cpu_dropout_attention(query, key, value, key_mask, dropout_p=p, scale=0.3)
+    dropped = cpu_dropout_attention(query, key, value, key_mask[:, None, None, :], dropout_p=p, scale=0.3)
     scores = torch.einsum("bhqd,bhkd->bhqk", query, key) * 0.3
     probabilities = scores.masked_fill(~key_mask[:, None, None, :], float("-inf")).softmax(-1)
     kept = dropped != 0
@@ -130,13 +130,36 @@ def test_cpu_dropout_attention_drops_probabilities() -> None:
     assert 0 < (~kept[real]).sum() < real.sum()
 
 
-def test_packing_round_trip() -> None:
+def test_token_layout_round_trip() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
-    packing = Packing(mask)
+    layout = TokenLayout.from_mask(mask)
     padded = torch.arange(9.0).view(3, 3, 1)
-    packed = packing.pack(padded)
+    packed = layout.pack(padded)
     assert packed.flatten().tolist() == [0.0, 1.0, 3.0, 6.0, 7.0, 8.0]
-    assert packing.unpack(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
+    assert layout.unpack(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
+    assert layout.positions().tolist() == [0, 1, 0, 0, 1, 2]
+
+
+def test_token_layout_aligns_left_padded_rows() -> None:
+    """Attention runs on each sentence moved to the start of its row, whichever side it was padded on."""
+    mask = torch.tensor([[0, 1, 1], [0, 0, 1], [1, 1, 1]])
+    layout = TokenLayout.from_mask(mask)
+    packed = layout.pack(torch.arange(9.0).view(3, 3, 1))
+    assert packed.flatten().tolist() == [1.0, 2.0, 5.0, 6.0, 7.0, 8.0]
+    assert layout.align(packed).flatten().tolist() == [1.0, 2.0, 0.0, 5.0, 0.0, 0.0, 6.0, 7.0, 8.0]
+    assert layout.unalign(layout.align(packed)).equal(packed)
+    assert layout.key_mask().tolist() == [[True, True, False], [True, False, False], [True, True, True]]
+
+
+def test_token_layout_rows_equals_the_layout_of_the_rows() -> None:
+    """A gradient-cache chunk's layout, cut with the host lengths, is the layout of its rows alone."""
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]])
+    whole = TokenLayout.from_mask(mask)
+    for span in (slice(0, 2), slice(1, 3), slice(2, 4)):
+        part, direct = whole.rows(span), TokenLayout.from_mask(mask[span])
+        for name in ("index", "aligned", "lengths"):
+            assert getattr(part, name).equal(getattr(direct, name)), (span, name)
+        assert part.host_lengths == direct.host_lengths
 
 
 def test_unsupported_backbone_falls_back_with_a_reason(tiny_bert: str, caplog) -> None:

@@ -13,6 +13,7 @@ LAYERS = [
 ]
 OUTPUTS = SimpleNamespace(last_hidden_state=LAYERS[-1], hidden_states=tuple(LAYERS))
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+FEATURES = {"attention_mask": MASK}
 
 
 @pytest.mark.parametrize(
@@ -25,28 +26,36 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
         ("avg_first_last", [[3.0, 1.0], [1.0, 1.5]]),
         # (layer2 + layer1) / 2 as well here: the top two of three states are layers 1 and 2
         ("avg_top2", [[3.0, 1.0], [1.0, 1.5]]),
+        # each row's last real token: position 2, then position 1 (position 2 is padding)
+        ("last", [[6.0, 0.0], [2.0, 2.0]]),
     ],
 )
 def test_poolers_on_fixed_inputs(pooler, expected):
-    assert torch.allclose(pool(pooler, OUTPUTS, MASK), torch.tensor(expected))
+    assert torch.allclose(pool(pooler, OUTPUTS, FEATURES), torch.tensor(expected))
+
+
+def test_last_pooler_finds_the_last_token_of_left_padded_rows():
+    outputs = SimpleNamespace(last_hidden_state=torch.arange(6.0).view(2, 3, 1))
+    left = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    right = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert pool("last", outputs, {"attention_mask": left}).flatten().tolist() == [2.0, 5.0]
+    assert pool("last", outputs, {"attention_mask": right}).flatten().tolist() == [2.0, 4.0]
 
 
 def test_avg_first_last_can_use_embedding_output():
     # index 0 = embedding output (SimCSE's first release): (layer0 + layer2) / 2
-    assert torch.allclose(pool("avg_first_last", OUTPUTS, MASK, first_hidden_index=0),
+    assert torch.allclose(pool("avg_first_last", OUTPUTS, FEATURES, first_hidden_index=0),
                           torch.tensor([[3.5, 1.5], [2.0, 0.5]]))
 
 
-def test_mask_pooler_takes_the_mask_position_and_requires_one_per_row():
-    ids = torch.tensor([[5, 9, 6], [9, 5, 0]])
-    assert torch.equal(pool("mask", OUTPUTS, MASK, ids, mask_token_id=9), torch.tensor([[4.0, 0.0], [0.0, 0.0]]))
-    with pytest.raises(ValueError, match="exactly one mask"):
-        pool("mask", OUTPUTS, MASK, torch.tensor([[9, 9, 6], [9, 5, 0]]), mask_token_id=9)
+def test_mask_pooler_takes_the_position_the_template_format_gives():
+    features = {"attention_mask": MASK, "pool_position": torch.tensor([1, 0])}
+    assert torch.equal(pool("mask", OUTPUTS, features), torch.tensor([[4.0, 0.0], [0.0, 0.0]]))
 
 
 def test_unknown_pooler_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown pooler 'max'"):
-        pool("max", OUTPUTS, MASK)
+        pool("max", OUTPUTS, FEATURES)
 
 
 def test_plain_format_truncates_sentence_and_keeps_special_tokens(tiny_bert, tiny_roberta):

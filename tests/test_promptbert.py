@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoConfig
 
-from lightning_sentemb.encoders.template import TemplateEncoder, TemplateFormat, position_offset
+from lightning_sentemb.backbones import family_of
+from lightning_sentemb.encoders.template import TemplateEncoder, TemplateFormat
 from lightning_sentemb.export import export
 from lightning_sentemb.methods.promptbert import BERT_TEMPLATES, ROBERTA_TEMPLATES, PromptBERT, default_templates
 
@@ -32,7 +34,8 @@ def roberta_method(tiny_roberta: str) -> PromptBERT:
 
 @pytest.mark.parametrize("fixture, templates", [("tiny_bert", BERT_TEMPLATES), ("tiny_roberta", ROBERTA_TEMPLATES)])
 def test_default_templates_follow_the_backbone_family(fixture: str, templates: tuple[str, ...], request) -> None:
-    assert default_templates(request.getfixturevalue(fixture)) == templates
+    config = AutoConfig.from_pretrained(request.getfixturevalue(fixture))
+    assert default_templates(family_of(config)) == templates
 
 
 @pytest.mark.parametrize("name", ["bert_method", "roberta_method"])
@@ -107,7 +110,7 @@ def test_explicit_positions_are_the_backbones_own(name: str, request) -> None:
     method = request.getfixturevalue(name)
     encoder = method.encoder.eval()
     features = encoder.format.build(encoder.format.sentence_ids(SENTENCES), None)
-    assert features["position_ids"][0, 0] == position_offset(encoder.backbone)
+    assert features["position_ids"][0, 0] == encoder.family.first_position()
     with torch.no_grad():
         default = encoder.backbone(input_ids=features["input_ids"], attention_mask=features["attention_mask"])
         explicit = encoder.run_backbone(features)
@@ -157,11 +160,12 @@ def test_denoising_subtracts_the_empty_template_state(name: str, request) -> Non
         t = fmt.templates[0]
         shift = len(ids[0])
         positions = list(range(len(t.prefix))) + list(range(len(t.prefix) + shift, len(t) + shift))
-        first = position_offset(encoder.backbone)
+        first = encoder.family.first_position()
         row = {
             "input_ids": torch.tensor([t.prefix + t.suffix]),
             "attention_mask": torch.ones(1, len(t), dtype=torch.long),
             "position_ids": torch.tensor([positions]) + first,
+            "pool_position": torch.tensor([t.readout_position(0)]),
         }
         bias = encoder(row)
     method.train()

@@ -1,174 +1,230 @@
-"""Padding-free ("packed") forward of a Hugging Face BERT/RoBERTa encoder.
+"""Padding-free ("packed") forward: token-wise work on the real tokens only, attention per sentence.
 
 Batches stay padded (`input_ids` / `attention_mask`, the format every collate, gradient cache and
 resume logic relies on); only the forward changes. Every token-wise module — embeddings, Q/K/V and
-output projections, FFN, LayerNorm, dropout — runs on the `[real_tokens, hidden]` rows alone;
-attention alone is re-padded per sentence (SDPA with a key mask; on CPU with dropout, the same math as
-batched GEMMs, `cpu_dropout_attention`). On a wiki1m batch of 64 at
+output projections, FFN, norms, dropout — runs on the `[real_tokens, hidden]` rows alone; attention
+alone is re-padded per sentence into a left-aligned layout (SDPA with a boolean mask; on CPU with
+dropout, the same math as batched GEMMs, `cpu_dropout_attention`). On a wiki1m batch of 64 at
 max_len 32 a third of the padded positions are padding, work the padded forward wastes.
 
-The weights, module names and checkpoints are the HF model's own: this is a second layer loop over
-the same modules, applying the same operations (dropout included, on the same tensors) in the same
+What differs per architecture (embeddings, the layer, positions) is the backbone family's
+(`lightning_sentemb.backbones`); this module holds what every family shares: `TokenLayout`, where the
+real tokens sit, built on the CPU next to the padded batch (`pad_rows`) and moved with it, so the
+forward never asks the device how many tokens there are (no host synchronisation); and
+`sentence_attention`.
+
+The weights, module names and checkpoints are the HF model's own: a family's packed layer is a
+second loop over the same modules, applying the same operations (dropout included) in the same
 order, so losses and gradients equal HF's padded forward up to float rounding (tested to 1e-5).
 Padding positions of the returned states are zeros (HF leaves junk there); poolers mask them.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+from transformers.modeling_outputs import BaseModelOutput
 
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
-
-
-def unsupported_reason(backbone: PreTrainedModel) -> str | None:
-    """Why the packed forward cannot reproduce this backbone's padded forward, or None when it can."""
-    config = backbone.config
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        return f"model type {config.model_type!r} (packed forward supports {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if config.is_decoder or getattr(config, "add_cross_attention", False):
-        return "decoder / cross-attention configuration"
-    if getattr(config, "position_embedding_type", "absolute") != "absolute":
-        return f"position_embedding_type {config.position_embedding_type!r}"
-    if getattr(config, "chunk_size_feed_forward", 0):
-        return "chunk_size_feed_forward"
-    return None
+if TYPE_CHECKING:
+    from ..backbones.family import BackboneFamily
 
 
-def is_roberta_like(backbone: PreTrainedModel) -> bool:
-    """RoBERTa-family embeddings number positions from padding_idx + 1 and skip pads."""
-    return hasattr(backbone.embeddings, "create_position_ids_from_input_ids")
+class TokenLayout:
+    """Where the real tokens of a padded (batch, width) batch sit.
 
+    `index`: the flat position of every real token in the padded layout (row-major); `aligned`: its
+    flat position once each sentence is moved to the start of its row (the layout attention runs on:
+    causal and windowed masks are then plain triangles and bands, whatever side the batch was padded
+    on); `lengths`: tokens per row. Built on the CPU (`from_mask`) where counting tokens is free, with
+    the row lengths kept on the host as well, so a gradient-cache chunk (`rows`) is cut without
+    reading anything back from the device. Lightning and the DataLoader move and pin it with the
+    batch (`to`, `pin_memory`)."""
 
-def default_position_ids(backbone: PreTrainedModel, input_ids: Tensor, past_length: int = 0) -> Tensor:
-    """(batch, length) position ids the backbone gives a padded row after `past_length` cached tokens."""
-    embeddings = backbone.embeddings
-    if is_roberta_like(backbone):
-        return embeddings.create_position_ids_from_input_ids(input_ids, embeddings.padding_idx, past_length)
-    positions = torch.arange(past_length, past_length + input_ids.shape[1], device=input_ids.device)
-    return positions.unsqueeze(0).expand_as(input_ids)
+    def __init__(self, index: Tensor, aligned: Tensor, lengths: Tensor, host_lengths: list[int], width: int) -> None:
+        self.index = index
+        self.aligned = aligned
+        self.lengths = lengths
+        self.host_lengths = host_lengths
+        self.width = width
 
+    @classmethod
+    def from_mask(cls, attention_mask: Tensor) -> TokenLayout:
+        """The layout of a (batch, width) 0/1 mask; on a GPU tensor this reads the mask back once."""
+        mask = attention_mask.detach().to("cpu", torch.bool)
+        lengths = mask.sum(1)
+        width = mask.shape[1]
+        aligned = torch.arange(width)[None] < lengths[:, None]
+        return cls(mask.flatten().nonzero().squeeze(1), aligned.flatten().nonzero().squeeze(1), lengths,
+                   lengths.tolist(), width).to(attention_mask.device)
 
-class Packing:
-    """Where the real tokens of a padded (batch, length) mask sit in the flattened batch."""
+    @property
+    def batch(self) -> int:
+        return len(self.host_lengths)
 
-    def __init__(self, attention_mask: Tensor) -> None:
-        self.mask = attention_mask.bool()
-        self.batch, self.length = self.mask.shape
-        self.index = self.mask.flatten().nonzero().squeeze(1)  # the one host sync: the token count
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.host_lengths)
 
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> TokenLayout:
+        if self.index.device == torch.device(device):
+            return self
+        move = [t.to(device, non_blocking=non_blocking) for t in (self.index, self.aligned, self.lengths)]
+        return TokenLayout(*move, self.host_lengths, self.width)
+
+    def pin_memory(self) -> TokenLayout:
+        pinned = [t.pin_memory() for t in (self.index, self.aligned, self.lengths)]
+        return TokenLayout(*pinned, self.host_lengths, self.width)
+
+    def rows(self, span: slice) -> TokenLayout:
+        """The layout of rows `span` alone (a gradient-cache chunk): token offsets from the host lengths."""
+        first, last, step = span.indices(self.batch)
+        if step != 1:
+            raise ValueError(f"a layout is cut into consecutive rows, not {span}")
+        start = sum(self.host_lengths[:first])
+        stop = start + sum(self.host_lengths[first:last])
+        shift = first * self.width
+        return TokenLayout(self.index[start:stop] - shift, self.aligned[start:stop] - shift, self.lengths[first:last],
+                           self.host_lengths[first:last], self.width)
+
+    def __getitem__(self, span: slice) -> TokenLayout:
+        return self.rows(span)
+
+    # ----- moving tensors between layouts ---------------------------------------------------
     def pack(self, padded: Tensor) -> Tensor:
-        """(batch, length, ...) -> (tokens, ...). `index_select`, not `[index]`: its backward is an
+        """(batch, width, ...) -> (tokens, ...). `index_select`, not `[index]`: its backward is an
         index_add, several times faster on CPU than advanced indexing's accumulating index_put."""
         return padded.flatten(0, 1).index_select(0, self.index)
 
     def unpack(self, packed: Tensor) -> Tensor:
-        """(tokens, ...) -> (batch, length, ...) with zeros at padding."""
-        out = packed.new_zeros(self.batch * self.length, *packed.shape[1:])
-        return out.index_copy(0, self.index, packed).unflatten(0, (self.batch, self.length))
+        """(tokens, ...) -> (batch, width, ...) in the input's layout, zeros at padding."""
+        return self._scatter(packed, self.index)
+
+    def align(self, packed: Tensor) -> Tensor:
+        """(tokens, ...) -> (batch, width, ...) with each sentence from position 0 (attention's layout)."""
+        return self._scatter(packed, self.aligned)
+
+    def unalign(self, aligned: Tensor) -> Tensor:
+        return aligned.flatten(0, 1).index_select(0, self.aligned)
+
+    def _scatter(self, packed: Tensor, index: Tensor) -> Tensor:
+        out = packed.new_zeros(self.batch * self.width, *packed.shape[1:])
+        return out.index_copy(0, index, packed).unflatten(0, (self.batch, self.width))
+
+    def positions(self) -> Tensor:
+        """(tokens,) each token's position inside its sentence, 0 for the first."""
+        return self.aligned % self.width
+
+    def key_mask(self) -> Tensor:
+        """(batch, width) True at real tokens of the aligned layout."""
+        return torch.arange(self.width, device=self.lengths.device)[None] < self.lengths[:, None]
 
 
-def embed(backbone: PreTrainedModel, packing: Packing, input_ids: Tensor | None, inputs_embeds: Tensor | None,
-          position_ids: Tensor) -> Tensor:
-    """BertEmbeddings / RobertaEmbeddings on the real tokens: word (or given) + token type 0 + position,
-    LayerNorm, dropout — HF's order of operations."""
-    embeddings = backbone.embeddings
-    if inputs_embeds is None:
-        words = embeddings.word_embeddings(packing.pack(input_ids))
-    else:
-        words = packing.pack(inputs_embeds)
-    hidden = words + embeddings.token_type_embeddings.weight[0]
-    hidden = hidden + embeddings.position_embeddings(packing.pack(position_ids))
-    return embeddings.dropout(embeddings.LayerNorm(hidden))
+def layout_of(features: dict[str, Any]) -> TokenLayout:
+    """The batch's `layout` (built with it), on the inputs' device; built here when absent (a batch
+    made elsewhere, e.g. by sentence-transformers: one read-back of the mask)."""
+    mask = features["attention_mask"]
+    layout = features.get("layout")
+    return TokenLayout.from_mask(mask) if layout is None else layout.to(mask.device)
 
 
-def self_attention(layer: nn.Module, hidden: Tensor, packing: Packing, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
-    """Q/K/V on the packed rows (one GEMM over the concatenated HF weights), attention per sentence on
-    re-padded heads, back to packed rows. `prefix`: (key, value), each (batch, heads, prefix_len,
-    head_dim), visible to every real token (DCPCSE)."""
-    attention = layer.attention.self
-    heads, head_dim = attention.num_attention_heads, attention.attention_head_size
-    projections = (attention.query, attention.key, attention.value)
-    weight = torch.cat([p.weight for p in projections])
-    bias = torch.cat([p.bias for p in projections])
-    qkv = packing.unpack(F.linear(hidden, weight, bias))  # (batch, length, 3 * heads * head_dim)
-    query, key, value = qkv.view(packing.batch, packing.length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-    key_mask = packing.mask
+def sentence_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    layout: TokenLayout,
+    scale: float,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    window: int | None = None,
+    prefix: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """Attention within each sentence of packed rows.
+
+    query (tokens, heads, head_dim); key, value (tokens, kv_heads, head_dim) with kv_heads dividing
+    heads (grouped-query attention); returns (tokens, heads * head_dim). `causal`: each token sees
+    itself and earlier tokens; `window`: only keys within that distance (|i - j| <= window, ModernBERT's
+    local layers); `prefix`: (key, value) of shape (batch, kv_heads, prefix_len, head_dim) that every
+    token of its row sees (DCPCSE)."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    query, key, value = (layout.align(t).transpose(1, 2) for t in (query, key, value))  # (batch, h, width, d)
+    width = layout.width
+    mask = layout.key_mask()[:, None, None, :]
+    if causal or window is not None:
+        positions = torch.arange(width, device=query.device)
+        distance = positions[:, None] - positions[None, :]
+        allowed = torch.ones(width, width, dtype=torch.bool, device=query.device)
+        if causal:
+            allowed &= distance >= 0
+        if window is not None:
+            allowed &= distance.abs() <= window
+        mask = mask & allowed
     if prefix is not None:
         key = torch.cat([prefix[0].to(key.dtype), key], dim=2)
         value = torch.cat([prefix[1].to(value.dtype), value], dim=2)
-        key_mask = torch.cat([key_mask.new_ones(packing.batch, prefix[0].shape[2]), key_mask], dim=1)
-    dropout_p = attention.dropout.p if attention.training else 0.0
+        seen = mask.new_ones(*mask.shape[:-1], prefix[0].shape[2])
+        mask = torch.cat([seen, mask], dim=-1)
+    if kv_heads != heads:
+        key, value = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (key, value))
     if dropout_p > 0 and query.device.type == "cpu":
-        context = cpu_dropout_attention(query, key, value, key_mask, dropout_p, attention.scaling)
+        context = cpu_dropout_attention(query, key, value, mask, dropout_p, scale)
     else:
-        context = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=key_mask[:, None, None, :], dropout_p=dropout_p, scale=attention.scaling,
-        )
-    return packing.pack(context.transpose(1, 2).flatten(2))
+        context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+    return layout.unalign(context.transpose(1, 2).flatten(2))
 
 
-def cpu_dropout_attention(query: Tensor, key: Tensor, value: Tensor, key_mask: Tensor, dropout_p: float,
+def cpu_dropout_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float,
                           scale: float) -> Tensor:
     """softmax(scale · q kᵀ + mask) with dropout on the probabilities, times v: what
     `scaled_dot_product_attention` computes, written as batched GEMMs. With dropout on, SDPA on CPU
     falls back to its math kernel, which upcasts bf16 and copies every (batch, heads, length, length)
     tensor several times: 51 ms vs 21 ms forward + backward per layer at 128 × 12 × 32 × 32 in bf16
     autocast (4 ms less in fp32), the largest cost of a SimCSE step after the GEMMs.
-    (batch, heads, length, head_dim) in and out; `key_mask` (batch, key_length), True at real keys."""
+    (batch, heads, length, head_dim) in and out; `mask` broadcasts to (batch, heads, length, key_length),
+    True where a query may see a key."""
     batch, heads, length, head_dim = query.shape
     key_length = key.shape[2]
-    bias = torch.zeros(key_mask.shape, dtype=query.dtype, device=query.device).masked_fill(~key_mask, float("-inf"))
-    bias = bias[:, None, None, :].expand(batch, heads, length, key_length).reshape(batch * heads, length, key_length)
-    scores = torch.baddbmm(bias, query.reshape(batch * heads, length, head_dim),
+    allowed = mask.expand(batch, heads, length, key_length)
+    bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(~allowed, float("-inf"))
+    scores = torch.baddbmm(bias.reshape(batch * heads, length, key_length), query.reshape(batch * heads, length, head_dim),
                            key.reshape(batch * heads, key_length, head_dim).transpose(1, 2), alpha=scale)
     probs = F.dropout(scores.softmax(-1), dropout_p)
     context = torch.bmm(probs.to(value.dtype), value.reshape(batch * heads, key_length, head_dim))
     return context.view(batch, heads, length, head_dim)
 
 
-def encoder_layer(layer: nn.Module, hidden: Tensor, packing: Packing, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
-    """One BertLayer / RobertaLayer on packed rows."""
-    attended = layer.attention.output(self_attention(layer, hidden, packing, prefix), hidden)
-    return layer.output(layer.intermediate(attended), attended)
-
-
 def packed_forward(
     backbone: PreTrainedModel,
+    family: BackboneFamily,
+    layout: TokenLayout,
     input_ids: Tensor | None = None,
-    attention_mask: Tensor | None = None,
-    position_ids: Tensor | None = None,
     inputs_embeds: Tensor | None = None,
+    position_ids: Tensor | None = None,
     prefix: list[tuple[Tensor, Tensor]] | None = None,
-    past_length: int = 0,
     output_hidden_states: bool = False,
-    layer_fn=encoder_layer,
-) -> BaseModelOutputWithPoolingAndCrossAttentions:
-    """The backbone's forward without computing on padding; same arguments and outputs as HF's
-    (`last_hidden_state`, `hidden_states` padded, zeros at padding; no `pooler_output`).
+    layer_fn=None,
+) -> BaseModelOutput:
+    """The backbone's forward without computing on padding; HF's outputs (`last_hidden_state`,
+    `hidden_states`), padded as the input, zeros at padding.
 
-    `prefix`: per-layer prefix keys/values; `past_length` shifts default position ids as HF does for
-    cached tokens. `layer_fn` is `encoder_layer` or a compiled copy of it.
-    """
+    `position_ids`: (batch, width) as the padded forward would use them (the family's
+    `position_ids`); `prefix`: per-layer prefix keys/values; `layer_fn` is the family's
+    `packed_layer` or a compiled copy of it."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids and inputs_embeds")
-    if attention_mask is None:
-        shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:2]
-        attention_mask = torch.ones(shape, dtype=torch.long, device=backbone.device)
-    packing = Packing(attention_mask)
-    if position_ids is None:
-        if input_ids is None:
-            raise ValueError("the packed forward needs position_ids with inputs_embeds")
-        position_ids = default_position_ids(backbone, input_ids, past_length)
-    hidden = embed(backbone, packing, input_ids, inputs_embeds, position_ids)
+    layer_fn = layer_fn or family.packed_layer
+    hidden, context = family.packed_embed(backbone, layout, input_ids, inputs_embeds, layout.pack(position_ids))
     states = [hidden]
-    for index, layer in enumerate(backbone.encoder.layer):
-        hidden = layer_fn(layer, hidden, packing, None if prefix is None else prefix[index])
+    for index, layer in enumerate(family.layers(backbone)):
+        hidden = layer_fn(layer, hidden, layout, context, None if prefix is None else prefix[index])
         states.append(hidden)
-    return BaseModelOutputWithPoolingAndCrossAttentions(
-        last_hidden_state=packing.unpack(hidden),
-        hidden_states=tuple(packing.unpack(s) for s in states) if output_hidden_states else None,
+    last = family.packed_final(backbone, hidden)
+    if output_hidden_states:
+        states[-1] = last
+    return BaseModelOutput(
+        last_hidden_state=layout.unpack(last),
+        hidden_states=tuple(layout.unpack(s) for s in states) if output_hidden_states else None,
     )

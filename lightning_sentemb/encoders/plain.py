@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from ..backbones import UnsupportedBackbone, family_of, with_dropout
 from ..errors import SentEmbUserError
-from .packed import encoder_layer, packed_forward, unsupported_reason
+from .packed import TokenLayout, layout_of, packed_forward
 
 log = logging.getLogger(__name__)
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "mask")
+POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask")
 
 
 class PlainFormat:
@@ -33,9 +34,7 @@ class PlainFormat:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        specials = tokenizer("")["input_ids"]
-        self.prefix_ids: list[int] = specials[:1]
-        self.suffix_ids: list[int] = specials[1:]
+        self.prefix_ids, self.suffix_ids = special_tokens_around(tokenizer)
         self.pad_id: int = tokenizer.pad_token_id
 
     @property
@@ -57,15 +56,26 @@ class PlainFormat:
         return pad_rows([self.wrap(ids, max_length) for ids in sentence_ids], self.pad_id)
 
 
-def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, Tensor]:
-    """Right-pad id rows into `input_ids` / `attention_mask` tensors."""
+def special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """(ids before, ids after) the text in what the tokenizer makes of one: `[CLS]` / `[SEP]`, `<s>` /
+    `</s>`, Llama's BOS / nothing, an EOS-appending tokenizer's nothing / EOS."""
+    probe = tokenizer("x", add_special_tokens=False)["input_ids"]
+    full = tokenizer("x")["input_ids"]
+    start = next(i for i in range(len(full) - len(probe) + 1) if full[i : i + len(probe)] == probe)
+    return full[:start], full[start + len(probe) :]
+
+
+def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, Any]:
+    """Right-pad id rows into `input_ids` / `attention_mask` tensors, with the `layout` of their real
+    tokens for the packed forward (built here, on the CPU, so the forward never counts tokens on the
+    device)."""
     width = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
         attention_mask[i, : len(row)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "layout": TokenLayout.from_mask(attention_mask)}
 
 
 def masked_mean(hidden: Tensor, attention_mask: Tensor) -> Tensor:
@@ -73,36 +83,39 @@ def masked_mean(hidden: Tensor, attention_mask: Tensor) -> Tensor:
     return (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
 
 
-def pool(
-    pooler: str,
-    outputs: Any,
-    attention_mask: Tensor,
-    input_ids: Tensor | None = None,
-    mask_token_id: int | None = None,
-    first_hidden_index: int = 1,
-) -> Tensor:
+def last_token_positions(attention_mask: Tensor) -> Tensor:
+    """(batch,) index of each row's last real token, whichever side the row is padded on."""
+    width = attention_mask.shape[1]
+    return width - 1 - attention_mask.flip(1).argmax(1)
+
+
+def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_index: int = 1) -> Tensor:
     """Sentence vector from backbone outputs.
 
-    `attention_mask` must cover the sentence tokens only (never a prefix-extended mask).
+    `features["attention_mask"]` must cover the sentence tokens only (never a prefix-extended mask).
+    `last` takes each row's last real token (left or right padding); `mask` the position the template
+    format put in `features["pool_position"]` (the [MASK] token, or a decoder template's last token).
     `avg_first_last` averages hidden_states[first_hidden_index] and the last layer:
     index 1 (first transformer layer, default) follows BERT-whitening and SimCSE's current code;
     index 0 (the embedding output) is what SimCSE's first release used.
     """
+    attention_mask = features["attention_mask"]
+    hidden = outputs.last_hidden_state
+    rows = torch.arange(hidden.shape[0], device=hidden.device)
     if pooler in ("cls", "cls_before_pooler"):
-        return outputs.last_hidden_state[:, 0]
+        return hidden[:, 0]
+    if pooler == "last":
+        return hidden[rows, last_token_positions(attention_mask)]
+    if pooler == "mask":
+        return hidden[rows, features["pool_position"]]
     if pooler == "avg":
-        return masked_mean(outputs.last_hidden_state, attention_mask)
+        return masked_mean(hidden, attention_mask)
     if pooler == "avg_first_last":
         states = outputs.hidden_states
         return masked_mean((states[first_hidden_index] + states[-1]) / 2.0, attention_mask)
     if pooler == "avg_top2":
         states = outputs.hidden_states
         return masked_mean((states[-1] + states[-2]) / 2.0, attention_mask)
-    if pooler == "mask":
-        is_mask = input_ids == mask_token_id
-        if not bool((is_mask.sum(1) == 1).all()):
-            raise ValueError("pooler 'mask' needs exactly one mask token in every row; check the template.")
-        return outputs.last_hidden_state[is_mask]
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 
@@ -132,9 +145,10 @@ def _looks_like_folder(name: str) -> bool:
     return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
-def load_pretrained(loader: Any, name: str) -> Any:
-    """`loader.from_pretrained(...)` for backbone `name` (hub id, folder or `pkg:MODULE`), with one clear
-    error naming the model, the cause and what to pass instead, in place of the hub's tracebacks."""
+def load_pretrained(loader: Any, name: str, **kwargs: Any) -> Any:
+    """`loader.from_pretrained(..., **kwargs)` for backbone `name` (hub id, folder or `pkg:MODULE`), with
+    one clear error naming the model, the cause and what to pass instead, in place of the hub's
+    tracebacks."""
     path = resolve_model_path(name)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
         raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
@@ -142,7 +156,7 @@ def load_pretrained(loader: Any, name: str) -> Any:
     if not os.path.exists(path) and _looks_like_folder(path):
         raise SentEmbUserError(f"backbone {name!r}: folder {path} does not exist; {BACKBONE_HINT}")
     try:
-        return loader.from_pretrained(path)
+        return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as error:
         cause = " ".join(str(error).split())
         raise SentEmbUserError(f"backbone {name!r} is not available ({cause[:300]}); {BACKBONE_HINT}") from error
@@ -151,9 +165,15 @@ def load_pretrained(loader: Any, name: str) -> Any:
 class Encoder(nn.Module):
     """Backbone + pooler. `forward(features) -> (batch, hidden)` sentence vectors.
 
+    What the backbone's architecture decides (positions, which poolers make sense, the packed
+    forward, an MLM head) is asked of its family (`self.family`, `lightning_sentemb.backbones`); a
+    pooler or head the family cannot serve is refused here with `UnsupportedBackbone`.
+
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
-    head whose decoder is tied to the word embeddings.
+    head whose decoder is tied to the word embeddings. `dropout` sets every dropout probability of the
+    backbone's config (None: the checkpoint's own; decoders and ModernBERT ship with 0, which leaves
+    SimCSE's dropout views identical).
 
     Speed switches (set by the method from `padding_free` / `compile_layers`, see `configure_speed`):
     the padding-free forward (`encoders.packed`) is on by default wherever it is exact; the MLM
@@ -161,7 +181,8 @@ class Encoder(nn.Module):
     """
 
     padding_free: bool = True
-    layer_fn = staticmethod(encoder_layer)
+    # formats whose rows carry `pool_position` (templates) may pool with "mask"
+    reads_templates: bool = False
 
     def __init__(
         self,
@@ -169,29 +190,37 @@ class Encoder(nn.Module):
         pooler: str = "cls",
         with_mlm_head: bool = False,
         first_hidden_index: int = 1,
+        dropout: float | None = None,
     ) -> None:
         super().__init__()
         if pooler not in POOLERS:
-            raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+            raise SentEmbUserError(f"model.init_args.pooler: unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+        if pooler == "mask" and not self.reads_templates:
+            raise SentEmbUserError("model.init_args.pooler: 'mask' reads a template's mask token; plain-input methods "
+                                   f"pool with one of {', '.join(p for p in POOLERS if p != 'mask')}")
         self.name_or_path = backbone
         self.pooler = pooler
         self.first_hidden_index = first_hidden_index
+        family = family_of(load_pretrained(AutoConfig, backbone))
+        refusal = family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
+        if refusal is not None:
+            raise UnsupportedBackbone(refusal)
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
+        family.prepare_tokenizer(self.tokenizer)
+        options = with_dropout({}, family, dropout)
         if with_mlm_head:
-            self.mlm_model = load_pretrained(AutoModelForMaskedLM, backbone)
+            self.mlm_model = load_pretrained(AutoModelForMaskedLM, backbone, **options)
             self.backbone = self.mlm_model.base_model
         else:
             self.mlm_model = None
-            self.backbone = load_pretrained(AutoModel, backbone)
+            self.backbone = load_pretrained(AutoModel, backbone, **options)
+        self.family = family_of(self.backbone.config)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
-        # The backbone's own pooler (BERT/RoBERTa's Linear+Tanh over [CLS]) feeds none of the poolers
-        # here, so it never gets a gradient: frozen, else DDP stops on unused parameters. (Kept, not
-        # dropped: `load_method(pooler="cls")` and the export read and write its weights.)
-        if getattr(self.backbone, "pooler", None) is not None:
-            self.backbone.pooler.requires_grad_(False)
+        self.family.prepare_backbone(self.backbone)
         self.format = PlainFormat(self.tokenizer)
+        self.layer_fn = self.family.packed_layer
 
     @property
     def hidden_size(self) -> int:
@@ -199,44 +228,47 @@ class Encoder(nn.Module):
 
     @property
     def max_length(self) -> int:
-        return min(self.tokenizer.model_max_length, self.backbone.config.max_position_embeddings)
+        return min(self.tokenizer.model_max_length, self.family.max_positions)
 
     def configure_speed(self, padding_free: bool, compile_layers: bool) -> None:
         """Padding-free forward where the backbone supports it (else the padded one, with the reason
         logged); `compile_layers` compiles the packed layer with dynamic token counts, so a new batch
         length does not recompile."""
-        reason = unsupported_reason(self.backbone) if padding_free else None
+        reason = self.family.packed_refusal() if padding_free else None
         if reason is not None:
             log.warning("padding-free forward off for %s: %s; using the padded forward", self.name_or_path, reason)
         self.padding_free = padding_free and reason is None
         if compile_layers and not self.padding_free:
             log.warning("compile_layers applies to the padding-free forward only; it is off here")
-        self.layer_fn = torch.compile(encoder_layer, dynamic=True) if compile_layers and self.padding_free else encoder_layer
+        compiled = compile_layers and self.padding_free
+        self.layer_fn = torch.compile(self.family.packed_layer, dynamic=True) if compiled else self.family.packed_layer
 
-    def call_backbone(self, **inputs: Any) -> Any:
-        """`self.backbone(**inputs)`, padding-free when switched on (same outputs at real tokens)."""
+    def call_backbone(
+        self,
+        features: dict[str, Tensor],
+        input_ids: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> Any:
+        """The backbone on these rows, padding-free when switched on (same outputs at real tokens).
+        Positions default to the family's numbering from each row's first token."""
+        attention_mask = features["attention_mask"]
+        if position_ids is None:
+            position_ids = self.family.position_ids(input_ids, attention_mask)
+        output_hidden_states = self.pooler in ("avg_first_last", "avg_top2")
         if self.padding_free:
-            return packed_forward(self.backbone, layer_fn=self.layer_fn, **inputs)
-        return self.backbone(**inputs)
+            return packed_forward(self.backbone, self.family, layout_of(features), input_ids, inputs_embeds, position_ids,
+                                  output_hidden_states=output_hidden_states, layer_fn=self.layer_fn)
+        return self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                             position_ids=position_ids, output_hidden_states=output_hidden_states)
 
     def run_backbone(self, features: dict[str, Tensor]) -> Any:
         """The backbone forward; input formats that inject prompts or prefixes override this."""
-        return self.call_backbone(
-            input_ids=features["input_ids"],
-            attention_mask=features["attention_mask"],
-            output_hidden_states=self.pooler in ("avg_first_last", "avg_top2"),
-        )
+        return self.call_backbone(features, input_ids=features["input_ids"])
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """(sentences, hidden): the pooled state of every input row, combined by `combine_rows`."""
-        rows = pool(
-            self.pooler,
-            self.run_backbone(features),
-            features["attention_mask"],
-            features["input_ids"],
-            self.tokenizer.mask_token_id,
-            self.first_hidden_index,
-        )
+        rows = pool(self.pooler, self.run_backbone(features), features, self.first_hidden_index)
         return self.combine_rows(rows, features)
 
     # Feature keys that describe the whole batch rather than one row (read by `combine_rows`):

@@ -1,23 +1,33 @@
-"""Deep continuous prefix prompts (DCPCSE, P-tuning v2) on a frozen Hugging Face encoder.
+"""Deep continuous prefix prompts (DCPCSE, P-tuning v2) on a frozen Hugging Face backbone.
 
 Every self-attention layer of the backbone gets ``prefix_len`` extra trainable key/value
 vectors that the sentence tokens attend to. The prefix never enters the hidden states, so the
 backbone's outputs cover the sentence tokens only and poolers use the sentence's own attention
 mask (the DCPCSE reference hands the prefix-extended mask to its mean poolers, a bug we avoid).
 
-With transformers 5.x the prefix is handed to the model as a ``DynamicCache``. BERT-like encoders
-write each forward's own keys/values into that cache (``BertSelfAttention`` calls
-``cache.update`` even when ``use_cache`` is off), so a fresh cache is built for every forward.
+Two ways in, the backbone family decides which (`prefix_through_cache`):
+
+- the padded forward, with the prefix handed to the model as a ``DynamicCache`` (BERT, RoBERTa,
+  decoders): the model treats it as past tokens, visible to every token (a causal decoder's tokens
+  see the whole prefix and, within the sentence, what precedes them). Models write each forward's
+  own keys/values into that cache (``BertSelfAttention`` calls ``cache.update`` even when
+  ``use_cache`` is off), so a fresh cache is built for every forward;
+- the packed forward (`encoders.packed`), the prefix keys/values joining each layer's keys: the
+  only way for ModernBERT, whose attention takes no cache.
+
+Decoders with grouped-query attention get one prefix per key/value head (``prefix_dims``).
 """
 
+import inspect
 from typing import Literal
 
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+from transformers.modeling_outputs import BaseModelOutput
 
-from .packed import default_position_ids, encoder_layer, is_roberta_like, packed_forward
+from ..backbones import family_of
+from .packed import TokenLayout, packed_forward
 
 __all__ = ["PrefixEncoder", "PrefixedBackbone", "prefix_parameter_count"]
 
@@ -29,12 +39,13 @@ class PrefixEncoder(nn.Module):
 
     Layout, names and initialization follow the DCPCSE reference (its P-tuning v2 prefix
     encoder), so its checkpoints load by name: ``embedding`` holds either the prefixes
-    themselves (``prefix_len x num_layers*2*hidden``) or, with ``projection``, ``prefix_len x hidden``
+    themselves (``prefix_len x num_layers*2*kv_size``) or, with ``projection``, ``prefix_len x hidden``
     inputs to ``trans`` = Linear(hidden, projection_hidden) -> Tanh -> Linear(projection_hidden,
-    num_layers*2*hidden). Each row of the output reads [layer0 key, layer0 value, layer1 key, ...],
-    each a ``hidden`` vector split into heads. The reference re-initializes these modules with the
-    backbone's ``_init_weights`` (normal(0, initializer_range), zero biases), hence ``init_std``.
-    Dropout is applied to the final prefixes, independently for every example of the batch.
+    num_layers*2*kv_size). Each row of the output reads [layer0 key, layer0 value, layer1 key, ...],
+    each a ``kv_size = kv_heads * head_dim`` vector split into heads (``kv_size`` is ``hidden`` for
+    BERT). The reference re-initializes these modules with the backbone's ``_init_weights``
+    (normal(0, initializer_range), zero biases), hence ``init_std``. Dropout is applied to the final
+    prefixes, independently for every example of the batch.
     """
 
     def __init__(
@@ -47,15 +58,18 @@ class PrefixEncoder(nn.Module):
         projection_hidden_size: int = 512,
         dropout: float = 0.1,
         init_std: float = 0.02,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if hidden_size % num_heads != 0:
-            raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
+        if head_dim is None:
+            if hidden_size % num_heads != 0:
+                raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
+            head_dim = hidden_size // num_heads
         self.prefix_len = prefix_len
         self.num_layers = num_layers
         self.num_heads = num_heads
-        self.head_dim = hidden_size // num_heads
-        output_size = num_layers * 2 * hidden_size
+        self.head_dim = head_dim
+        output_size = num_layers * 2 * num_heads * head_dim
         if projection:
             self.embedding = nn.Embedding(prefix_len, hidden_size)
             self.trans: nn.Sequential | None = nn.Sequential(
@@ -82,16 +96,20 @@ class PrefixEncoder(nn.Module):
         projection_hidden_size: int = 512,
         dropout: float | None = None,
     ) -> "PrefixEncoder":
-        """Sizes from an HF config; dropout defaults to ``hidden_dropout_prob`` as in the reference."""
+        """Sizes from the backbone's config through its family (key/value heads and head size);
+        dropout defaults to ``hidden_dropout_prob`` as in the reference (0 where a config has none)."""
+        layers, kv_heads, head_dim = family_of(config).prefix_dims()
+        default_dropout = getattr(config, "hidden_dropout_prob", 0.0)
         return cls(
             prefix_len=prefix_len,
-            num_layers=config.num_hidden_layers,
+            num_layers=layers,
             hidden_size=config.hidden_size,
-            num_heads=config.num_attention_heads,
+            num_heads=kv_heads,
             projection=projection,
             projection_hidden_size=projection_hidden_size,
-            dropout=config.hidden_dropout_prob if dropout is None else dropout,
-            init_std=config.initializer_range,
+            dropout=default_dropout if dropout is None else dropout,
+            init_std=getattr(config, "initializer_range", 0.02),
+            head_dim=head_dim,
         )
 
     def forward(self, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -106,23 +124,24 @@ class PrefixEncoder(nn.Module):
 
 
 class PrefixedBackbone(nn.Module):
-    """A frozen BERT/RoBERTa-family encoder whose every layer attends to trainable prefixes.
+    """A frozen backbone whose every attention layer attends to trainable prefixes.
 
     Only ``prefix_encoder`` is trainable. The backbone's train/eval mode is left to the caller:
     during training it stays in train mode because dropout is DCPCSE's augmentation.
 
     ``position_offset`` decides where the sentence's position ids start:
 
-    - ``"shifted"`` (default, the reference's and therefore the paper's behaviour): the model
-      counts the prefix as past tokens, so BERT positions run ``prefix_len .. prefix_len+L-1``
-      and RoBERTa's ``padding_idx+1+prefix_len ..`` (pads keep ``padding_idx``). transformers
-      4.2.1, used by the reference, already shifted both families by the past length, and 5.23
-      still does (``past_key_values.get_seq_length()`` feeds the embeddings).
-    - ``"zero"``: positions as without a prefix (BERT ``0 .. L-1``, RoBERTa
-      ``padding_idx+1 ..``), passed explicitly as ``position_ids``: sentences keep the positions
-      they had in pretraining and the whole ``max_position_embeddings`` stays usable.
+    - ``"shifted"`` (default, the reference's and therefore the paper's behaviour): the prefix counts
+      as past tokens, so BERT positions run ``prefix_len .. prefix_len+L-1``, RoBERTa's
+      ``padding_idx+1+prefix_len ..`` (pads keep ``padding_idx``) and a rotary model's from
+      ``prefix_len``. transformers 4.2.1, used by the reference, already shifted BERT and RoBERTa by
+      the past length, and 5.x still does, as every decoder does after a cache.
+    - ``"zero"``: positions as without a prefix (BERT ``0 .. L-1``, RoBERTa ``padding_idx+1 ..``,
+      rotary ``0 ..``): sentences keep the positions they had in pretraining and the whole
+      ``max_position_embeddings`` stays usable.
 
-    ``forward`` returns the backbone's own output object, covering the sentence tokens only.
+    Positions are passed explicitly on both paths (the family's numbering from each row's first token).
+    ``forward`` returns the backbone's outputs, covering the sentence tokens only.
     """
 
     def __init__(
@@ -137,24 +156,20 @@ class PrefixedBackbone(nn.Module):
         super().__init__()
         if position_offset not in ("shifted", "zero"):
             raise ValueError(f"position_offset must be 'shifted' or 'zero', got {position_offset!r}")
-        if backbone.config.is_decoder:
-            raise ValueError("PrefixedBackbone expects a bidirectional encoder (config.is_decoder is True)")
         self.backbone = backbone
+        self.family = family_of(backbone.config)
         self.backbone.requires_grad_(False)
         self.prefix_len = prefix_len
         self.position_offset = position_offset
-        self.prefix_encoder = PrefixEncoder.from_config(
-            backbone.config, prefix_len, projection, projection_hidden_size, dropout
-        )
+        # the cache's keyword: `cache` since transformers 5.x deprecated `past_key_values`
+        self.cache_keyword = "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+        self.prefix_encoder = PrefixEncoder.from_config(backbone.config, prefix_len, projection, projection_hidden_size, dropout)
 
     @property
     def max_sentence_length(self) -> int:
         """Longest input (in tokens) the position embeddings allow; truncate tokenization to it."""
-        embeddings = self.backbone.embeddings
-        first_position = embeddings.padding_idx + 1 if is_roberta_like(self.backbone) else 0
-        if self.position_offset == "shifted":
-            first_position += self.prefix_len
-        return self.backbone.config.max_position_embeddings - first_position
+        shift = self.prefix_len if self.position_offset == "shifted" else 0
+        return self.family.max_positions - shift
 
     def forward(
         self,
@@ -162,13 +177,14 @@ class PrefixedBackbone(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         padding_free: bool = False,
-        layer_fn=encoder_layer,
-        **kwargs,
-    ) -> BaseModelOutputWithPoolingAndCrossAttentions:
-        """Run the backbone with the prefix; extra ``kwargs`` (e.g. token_type_ids) go to it.
+        layer_fn=None,
+        layout: TokenLayout | None = None,
+    ) -> BaseModelOutput:
+        """Run the backbone with the prefix.
 
-        ``padding_free``: the packed forward (``encoders.packed``, with ``layer_fn``), the prefix
-        keys/values visible to every real token, positions as in the padded forward."""
+        ``padding_free``: the packed forward (``encoders.packed``, with ``layer_fn`` and the batch's
+        ``layout``), the prefix keys/values visible to every real token; families whose padded forward
+        takes no cache always run packed."""
         batch_size, seq_len = input_ids.shape
         if seq_len > self.max_sentence_length:
             raise ValueError(
@@ -178,13 +194,12 @@ class PrefixedBackbone(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         prefix = self.prefix_encoder(batch_size)
-        if self.position_offset == "zero":
-            kwargs["position_ids"] = default_position_ids(self.backbone, input_ids)
-        if padding_free:
-            return packed_forward(
-                self.backbone, input_ids, attention_mask, prefix=prefix, past_length=self.prefix_len,
-                output_hidden_states=output_hidden_states, layer_fn=layer_fn, **kwargs,
-            )
+        past = self.prefix_len if self.position_offset == "shifted" else 0
+        position_ids = self.family.position_ids(input_ids, attention_mask, past)
+        if padding_free or not self.family.prefix_through_cache:
+            layout = TokenLayout.from_mask(attention_mask) if layout is None else layout.to(input_ids.device)
+            return packed_forward(self.backbone, self.family, layout, input_ids, position_ids=position_ids,
+                                  prefix=prefix, output_hidden_states=output_hidden_states, layer_fn=layer_fn)
         # The model appends this forward's keys/values to the cache, so it must never be reused.
         cache = DynamicCache(config=self.backbone.config)
         for layer_idx, (key, value) in enumerate(prefix):
@@ -193,9 +208,9 @@ class PrefixedBackbone(nn.Module):
         return self.backbone(
             input_ids=input_ids,
             attention_mask=torch.cat([prefix_mask, attention_mask], dim=1),
-            past_key_values=cache,
+            position_ids=position_ids,
             output_hidden_states=output_hidden_states,
-            **kwargs,
+            **{self.cache_keyword: cache},
         )
 
 
@@ -206,8 +221,9 @@ def prefix_parameter_count(
     projection_hidden_size: int = 512,
 ) -> int:
     """Trainable parameters of a ``PrefixEncoder`` for ``config``, from the config alone."""
+    layers, kv_heads, head_dim = family_of(config).prefix_dims()
     hidden = config.hidden_size
-    output_size = config.num_hidden_layers * 2 * hidden
+    output_size = layers * 2 * kv_heads * head_dim
     if not projection:
         return prefix_len * output_size
     embedding = prefix_len * hidden

@@ -3,7 +3,10 @@ template denoising.
 
 A template is text with one `[X]` (the sentence), one `[MASK]` (the tokenizer's mask token; RoBERTa's
 `<mask>` may be written as is) and optionally `[P]` slots, each a learnable vector in the
-input-embedding space. The sentence embedding is the last hidden state at the mask token.
+input-embedding space. The sentence embedding is the last hidden state at the mask token — on a
+causal decoder, at the template's last token: PromptEOL's `This sentence : "[X]" means in one word:"`
+needs no [MASK], and a template written with one is cut just before it (the state that predicts the
+masked word).
 
 Tokenization: the text around `[X]` and `[P]` is tokenized on its own, as the tokenizer would
 tokenize it inside the full string (whitespace-only pieces are dropped). The sentence comes from the
@@ -11,7 +14,7 @@ cached ids tokenized without special tokens, i.e. as if it began the text: with 
 (RoBERTa) write the sentence glued to the text before it (`'[X]'`, not `' [X] '`), so its first word
 is tokenized the same way inside the template.
 
-Denoising (PromptBERT §5): the [MASK] state of the template with an empty sentence, whose
+Denoising (PromptBERT §5): the read state of the template with an empty sentence, whose
 post-sentence position ids are shifted by the sentence's token length, is subtracted — one bias per
 (template, length). The bias rows ride in the same forward pass as the sentences. Position ids are
 those the backbone itself would give the full row (BERT counts from 0, RoBERTa-style embeddings from
@@ -28,8 +31,10 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from ..backbones import UnsupportedBackbone
+from ..backbones.family import TemplateReadout
 from .plain import Encoder, PlainFormat, pad_rows
 
 MARKERS = re.compile(r"(\[X\]|\[P\])")
@@ -37,53 +42,70 @@ MARKERS = re.compile(r"(\[X\]|\[P\])")
 
 @dataclass(frozen=True)
 class Template:
-    """Token ids before and after the sentence (special tokens included) and, for each of those
-    tokens, its prompt slot (-1 for an ordinary token)."""
+    """Token ids before and after the sentence (special tokens included), for each of those tokens its
+    prompt slot (-1 for an ordinary token), and where the embedding is read: index `readout` of the
+    prefix (`readout_in_prefix`) or of the suffix, or the row's last token (`readout` None)."""
 
     text: str
     prefix: list[int]
     suffix: list[int]
     prefix_slots: list[int]
     suffix_slots: list[int]
+    readout: int | None
+    readout_in_prefix: bool = False
 
     def __len__(self) -> int:
         return len(self.prefix) + len(self.suffix)
 
-
-def position_offset(backbone: PreTrainedModel) -> int:
-    """First position id the backbone gives a sequence: `padding_idx + 1` for RoBERTa-style
-    embeddings (which keep a `padding_idx`), 0 for BERT."""
-    padding_idx = getattr(backbone.embeddings, "padding_idx", None)
-    return 0 if padding_idx is None else padding_idx + 1
+    def readout_position(self, sentence_length: int) -> int:
+        """Position of the read token in a row holding a sentence of this many tokens."""
+        if self.readout is None:
+            return len(self) + sentence_length - 1
+        return self.readout if self.readout_in_prefix else len(self.prefix) + sentence_length + self.readout
 
 
 class TemplateFormat(PlainFormat):
-    """Sentences wrapped in templates, with explicit position ids (and bias rows when denoising).
+    """Sentences wrapped in templates, with explicit position ids, the position of the read token
+    (`pool_position`) and, when denoising, bias rows.
+
+    `readout` is the backbone family's: "mask" reads the mask token's state (encoders, PromptBERT);
+    "last" reads the template's last token (causal decoders, PromptEOL): a template written with
+    [MASK] is cut just before it, and the tokenizer's closing special tokens are left out (a causal
+    model's state at the read token cannot see them anyway).
 
     The template is never truncated, only the sentence. `num_special_tokens` is 0: the DataModule's
     `max_seq_len` is the sentence's own budget and the template (special tokens included) comes on
     top, as in the PromptBERT reference (which cuts the sentence to max_seq_length tokens).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, templates: Sequence[str], first_position: int = 0) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, templates: Sequence[str], first_position: int = 0,
+                 readout: TemplateReadout = "mask") -> None:
         super().__init__(tokenizer)
-        if tokenizer.mask_token_id is None or tokenizer.unk_token_id is None:
-            raise ValueError("prompt templates need a tokenizer with a mask token and an unknown token")
-        self.mask_id: int = tokenizer.mask_token_id
-        self.unk_id: int = tokenizer.unk_token_id
+        if readout == "mask" and tokenizer.mask_token_id is None:
+            raise ValueError("templates read at the mask token need a tokenizer with a mask token")
+        self.readout = readout
+        self.mask_id: int | None = tokenizer.mask_token_id
+        # what [P] slots (and, read at the mask, mask tokens inside a sentence) are written as
+        self.placeholder_id: int = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else self.pad_id
         self.first_position = first_position
         self.templates = [self.parse(text) for text in templates]
         if not self.templates:
             raise ValueError("give at least one template")
-        self.num_prompt_slots = max(max(t.prefix_slots + t.suffix_slots) + 1 for t in self.templates)
+        self.num_prompt_slots = max(max(t.prefix_slots + t.suffix_slots, default=-1) + 1 for t in self.templates)
 
     @property
     def num_special_tokens(self) -> int:
         return 0
 
     def parse(self, text: str) -> Template:
-        """Token ids of a template string; `[P]` slots hold the unknown token as a placeholder."""
-        pieces = MARKERS.split(text.replace("[MASK]", self.tokenizer.mask_token))
+        """Token ids of a template string; `[P]` slots hold the placeholder token."""
+        if self.readout == "last":
+            before, mask, after = text.partition("[MASK]")
+            if mask and "[X]" not in before:
+                raise ValueError(f"template {text!r}: a causal model reads the token before [MASK], so [X] must come first")
+            pieces = MARKERS.split(before)
+        else:
+            pieces = MARKERS.split(text.replace("[MASK]", self.tokenizer.mask_token))
         if pieces.count("[X]") != 1:
             raise ValueError(f"template {text!r} must contain [X] exactly once")
         parts: list[tuple[list[int], list[int]]] = [(list(self.prefix_ids), [-1] * len(self.prefix_ids)), ([], [])]
@@ -93,26 +115,32 @@ class TemplateFormat(PlainFormat):
             if piece == "[X]":
                 side = 1
             elif piece == "[P]":
-                ids.append(self.unk_id)
+                ids.append(self.placeholder_id)
                 slots.append(slot)
                 slot += 1
             elif piece.strip():
                 tokens = self.tokenizer(piece, add_special_tokens=False)["input_ids"]
                 ids.extend(tokens)
                 slots.extend([-1] * len(tokens))
-        parts[1][0].extend(self.suffix_ids)
-        parts[1][1].extend([-1] * len(self.suffix_ids))
         (prefix, prefix_slots), (suffix, suffix_slots) = parts
+        if self.readout == "last":
+            return Template(text, prefix, suffix, prefix_slots, suffix_slots, readout=None)
+        suffix.extend(self.suffix_ids)
+        suffix_slots.extend([-1] * len(self.suffix_ids))
         if (prefix + suffix).count(self.mask_id) != 1:
             raise ValueError(f"template {text!r} must contain the mask token exactly once")
-        return Template(text, prefix, suffix, prefix_slots, suffix_slots)
+        if self.mask_id in prefix:
+            return Template(text, prefix, suffix, prefix_slots, suffix_slots, prefix.index(self.mask_id), True)
+        return Template(text, prefix, suffix, prefix_slots, suffix_slots, suffix.index(self.mask_id))
 
     def sentence_part(self, ids: list[int], max_length: int | None, template: Template) -> list[int]:
-        """The sentence cut so the row fits max_length; mask tokens inside it become the unknown
-        token, so every row has exactly one mask."""
+        """The sentence cut so the row fits max_length; read at the mask, mask tokens inside it become the
+        placeholder token, so every row has exactly one mask."""
         if max_length is not None:
             ids = ids[: max(max_length - len(template), 0)]
-        return [self.unk_id if i == self.mask_id else i for i in ids]
+        if self.readout == "mask":
+            return [self.placeholder_id if i == self.mask_id else i for i in ids]
+        return list(ids)
 
     def wrap(self, ids: list[int], max_length: int | None, template: int = 0) -> list[int]:
         """One row: the sentence inside template `template`."""
@@ -125,16 +153,17 @@ class TemplateFormat(PlainFormat):
         max_length: int | None,
         templates: Sequence[int] | None = None,
         denoise: bool = False,
-    ) -> dict[str, Tensor]:
-        """Padded model inputs: `input_ids`, `attention_mask`, `position_ids`, `prompt_slots` (when
-        a template has [P] slots) and, with `denoise`, `bias_index`.
+    ) -> dict[str, Any]:
+        """Padded model inputs: `input_ids`, `attention_mask`, `layout`, `position_ids`,
+        `pool_position`, `prompt_slots` (when a template has [P] slots) and, with `denoise`,
+        `bias_index`.
 
         `templates[i]` is the template index of row i (default 0). With `denoise`, one bias row per
         distinct (template, sentence length) follows the sentence rows, and `bias_index[i]` is the
         bias row of sentence i, counted from the first bias row.
         """
         templates = [0] * len(sentence_ids) if templates is None else list(templates)
-        rows, slots, positions, index = [], [], [], []
+        rows, slots, positions, read, index = [], [], [], [], []
         bias_rows: dict[tuple[int, int], int] = {}
         first = self.first_position
         for ids, which in zip(sentence_ids, templates, strict=True):
@@ -143,6 +172,7 @@ class TemplateFormat(PlainFormat):
             rows.append(t.prefix + sentence + t.suffix)
             slots.append(t.prefix_slots + [-1] * len(sentence) + t.suffix_slots)
             positions.append(list(range(first, first + len(rows[-1]))))
+            read.append(t.readout_position(len(sentence)))
             if denoise:
                 index.append(bias_rows.setdefault((which, len(sentence)), len(bias_rows)))
         for which, length in bias_rows:
@@ -151,8 +181,10 @@ class TemplateFormat(PlainFormat):
             slots.append(t.prefix_slots + t.suffix_slots)
             after = first + len(t.prefix) + length
             positions.append(list(range(first, first + len(t.prefix))) + list(range(after, after + len(t.suffix))))
+            read.append(t.readout_position(0))
         features = pad_rows(rows, self.pad_id)
         features["position_ids"] = pad_rows(positions, 0)["input_ids"]
+        features["pool_position"] = torch.tensor(read, dtype=torch.long)
         if self.num_prompt_slots:
             features["prompt_slots"] = pad_rows(slots, -1)["input_ids"]
         if denoise:
@@ -164,7 +196,8 @@ PromptInit = Literal["uniform", "normal"]
 
 
 class TemplateEncoder(Encoder):
-    """Backbone whose sentence vector is the (optionally denoised) [MASK] state of a template.
+    """Backbone whose sentence vector is the (optionally denoised) state of a template's read token:
+    the [MASK] on encoders, the template's last token on decoders (see `TemplateFormat`).
 
     Templates with `[P]` slots get `prompt`, one learnable input-embedding vector per slot number
     (shared by every template), initialized by `prompt_init`: "uniform" U[0, 1) (the ConPVP
@@ -173,10 +206,15 @@ class TemplateEncoder(Encoder):
     """
 
     combine_keys = ("bias_index",)
+    reads_templates = True
 
-    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform") -> None:
-        super().__init__(backbone, pooler="mask")
-        self.format = TemplateFormat(self.tokenizer, templates, position_offset(self.backbone))
+    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform",
+                 dropout: float | None = None) -> None:
+        super().__init__(backbone, pooler="mask", dropout=dropout)
+        refusal = self.family.template_refusal(self.tokenizer)
+        if refusal is not None:
+            raise UnsupportedBackbone(refusal)
+        self.format = TemplateFormat(self.tokenizer, templates, self.family.first_position(), self.family.template_readout)
         self.prompt: nn.Parameter | None = None
         if self.format.num_prompt_slots:
             shape = (self.format.num_prompt_slots, self.hidden_size)
@@ -189,16 +227,16 @@ class TemplateEncoder(Encoder):
             self.prompt = nn.Parameter(initial)
 
     def run_backbone(self, features: dict[str, Tensor]) -> Any:
-        inputs: dict[str, Tensor] = {"input_ids": features["input_ids"]}
-        if self.prompt is not None:
-            embeddings = self.backbone.get_input_embeddings()(features["input_ids"])
-            slots = features["prompt_slots"]
-            prompt = self.prompt.to(embeddings.dtype)[slots.clamp_min(0)]
-            inputs = {"inputs_embeds": torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)}
-        return self.call_backbone(**inputs, attention_mask=features["attention_mask"], position_ids=features["position_ids"])
+        if self.prompt is None:
+            return self.call_backbone(features, input_ids=features["input_ids"], position_ids=features["position_ids"])
+        embeddings = self.backbone.get_input_embeddings()(features["input_ids"])
+        slots = features["prompt_slots"]
+        prompt = self.prompt.to(embeddings.dtype)[slots.clamp_min(0)]
+        inputs_embeds = torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)
+        return self.call_backbone(features, inputs_embeds=inputs_embeds, position_ids=features["position_ids"])
 
     def combine_rows(self, row_states: Tensor, features: dict[str, Tensor]) -> Tensor:
-        """(sentences, hidden): the mask state of each sentence row, minus its bias row's when the
+        """(sentences, hidden): the read state of each sentence row, minus its bias row's when the
         features carry `bias_index`."""
         if "bias_index" not in features:
             return row_states

@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 if TYPE_CHECKING:
     from ..methods.base import SentEmbMethod
 
-ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "avg": "mean", "avg_first_last": "mean", "avg_top2": "mean"}
+ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "last": "lasttoken", "avg": "mean", "avg_first_last": "mean",
+              "avg_top2": "mean"}
 
 
 def write_json(path: Path, content: dict | list) -> None:

@@ -62,6 +62,7 @@ class PrefixedTransformer(SentEmbSTModule):
             load_pretrained(AutoModel, backbone), prefix_len, projection, projection_hidden_size,
             position_offset=position_offset,
         )
+        self.prefixed.family.prepare_tokenizer(self.tokenizer)
 
     def preprocess(self, inputs: Sequence[str], prompt: str | None = None, **kwargs: Any) -> dict[str, Tensor]:
         texts = self._prepend_prompt(list(inputs), prompt) if prompt else list(inputs)

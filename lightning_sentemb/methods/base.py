@@ -21,11 +21,12 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup
+from transformers import AutoConfig, get_linear_schedule_with_warmup
 
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
-from ..encoders.plain import Encoder
+from ..backbones import UnsupportedBackbone, family_of
+from ..encoders.plain import Encoder, load_pretrained
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import evaluate_suite, headline_scores
 from ..errors import SentEmbUserError
@@ -49,8 +50,13 @@ class SentEmbMethod(LightningModule):
     """Base of every method.
 
     Args:
-        backbone: Hugging Face hub name or local folder (BERT and RoBERTa families).
-        pooler: cls | cls_before_pooler | avg | avg_first_last | avg_top2 | mask.
+        backbone: Hugging Face hub name, local folder or `pkg:MODULE`: a BERT-family, ModernBERT or
+            decoder-LLM checkpoint (`lightning_sentemb.backbones`; pairs that cannot work are refused
+            with one line).
+        pooler: cls | cls_before_pooler | last | avg | avg_first_last | avg_top2 (template methods:
+            mask); None = the family's default, cls for encoders and last for decoders.
+        dropout: every dropout probability of the backbone's config (None = the checkpoint's). Decoder
+            LLMs and ModernBERT ship with 0, which makes unsupervised SimCSE's two views identical.
         mlp: Linear+Tanh projection over the pooled vector: "train" (SimCSE unsupervised: used in
             training, dropped at evaluation), "always" (supervised SimCSE), or "none".
         temperature: τ of the contrastive softmax.
@@ -78,7 +84,7 @@ class SentEmbMethod(LightningModule):
     def __init__(
         self,
         backbone: str,
-        pooler: str = "cls",
+        pooler: str | None = None,
         mlp: MlpMode = "train",
         temperature: float = 0.05,
         lr: float = 3e-5,
@@ -93,12 +99,18 @@ class SentEmbMethod(LightningModule):
         grad_cache_chunk: int = 0,
         padding_free: bool = True,
         compile_layers: bool = False,
+        dropout: float | None = None,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
             raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
-        self.encoder = self.build_encoder()
+        self.family = family_of(load_pretrained(AutoConfig, backbone))
+        self.apply_family_defaults()
+        try:
+            self.encoder = self.build_encoder()
+        except UnsupportedBackbone as refusal:
+            raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
         self.encoder.configure_speed(padding_free, compile_layers)
         hidden = self.encoder.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp != "none" else None
@@ -118,9 +130,16 @@ class SentEmbMethod(LightningModule):
         return not self.hparams.grad_cache_chunk
 
     # ----- what a method provides -------------------------------------------------------
+    def apply_family_defaults(self) -> None:
+        """Fill the hyper-parameters left at None whose default depends on the backbone family
+        (`self.family`), before the encoder is built; the resolved values are what checkpoints keep."""
+        if self.hparams.pooler is None:
+            self.hparams.pooler = self.family.default_pooler
+
     def build_encoder(self) -> Encoder:
         """The backbone with this method's input format; plain `[CLS] s [SEP]` by default."""
-        return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0)
+        return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0,
+                       dropout=self.hparams.dropout)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         """Training batch from tokenized examples (runs in DataLoader workers)."""

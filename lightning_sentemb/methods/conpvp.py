@@ -85,7 +85,8 @@ class ConPVP(PromptMethod):
         """Template 0 is the anchor, then the positive set, then the negative set."""
         h = self.hparams
         anchor = h.anchor_template or "[X]" + " [P]" * h.prompt_length + " [MASK] ."
-        return TemplateEncoder(h.backbone, [anchor, *h.positive_templates, *h.negative_templates], h.prompt_init)
+        templates = [anchor, *h.positive_templates, *h.negative_templates]
+        return TemplateEncoder(h.backbone, templates, h.prompt_init, dropout=h.dropout)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         n = len(examples)

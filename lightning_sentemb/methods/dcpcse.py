@@ -30,9 +30,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import PreTrainedConfig
 
+from ..backbones import UnsupportedBackbone
 from ..encoders.plain import Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
 from ..export import write_pooling_modules
@@ -64,8 +65,12 @@ class PrefixTunedEncoder(Encoder):
         projection_hidden_size: int = 512,
         dropout: float | None = None,
         position_offset: PositionOffset = "shifted",
+        backbone_dropout: float | None = None,
     ) -> None:
-        super().__init__(backbone, pooler, with_mlm_head)
+        super().__init__(backbone, pooler, with_mlm_head, dropout=backbone_dropout)
+        refusal = self.family.prefix_refusal()
+        if refusal is not None:
+            raise UnsupportedBackbone(refusal)
         self.prefixed = PrefixedBackbone(
             self.backbone, prefix_len, projection, projection_hidden_size, dropout, position_offset
         )
@@ -74,13 +79,6 @@ class PrefixTunedEncoder(Encoder):
     def max_length(self) -> int:
         return min(super().max_length, self.prefixed.max_sentence_length)
 
-    @property
-    def mlm_head(self) -> nn.Module:
-        """The MLM model's head (BERT `cls`, RoBERTa `lm_head`): its one child besides the base model."""
-        model = self.mlm_model
-        (head,) = [module for name, module in model.named_children() if name != model.base_model_prefix]
-        return head
-
     def run_backbone(self, features: dict[str, Tensor]) -> Any:
         return self.prefixed(
             features["input_ids"],
@@ -88,13 +86,14 @@ class PrefixTunedEncoder(Encoder):
             output_hidden_states=self.pooler in ("avg_first_last", "avg_top2"),
             padding_free=self.padding_free,
             layer_fn=self.layer_fn,
+            layout=features.get("layout"),
         )
 
     def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """MLM through the prefix too, so the auxiliary loss trains it (as in the reference)."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        return self.mlm_head(self.prefixed(input_ids, attention_mask).last_hidden_state)
+        return self.family.mlm_logits(self.mlm_model, self.prefixed(input_ids, attention_mask).last_hidden_state)
 
 
 def trainable_parameter_count(
@@ -162,7 +161,7 @@ class DCPCSE(SimCSE):
         hp = self.hparams
         return PrefixTunedEncoder(
             hp.backbone, hp.pooler, hp.mlm_weight > 0, hp.prefix_len, hp.prefix_projection,
-            hp.prefix_hidden_size, hp.prefix_dropout, hp.position_offset,
+            hp.prefix_hidden_size, hp.prefix_dropout, hp.position_offset, hp.dropout,
         )
 
     def mlm_weight_at(self, step: int) -> float:

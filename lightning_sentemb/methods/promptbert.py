@@ -1,4 +1,5 @@
-"""PromptBERT (Jiang et al., 2022): the [MASK] state of a template as the sentence embedding.
+"""PromptBERT (Jiang et al., 2022): the [MASK] state of a template as the sentence embedding; on a
+causal decoder, PromptEOL (Jiang et al., 2023): the state of the template's last token.
 
 Unsupervised: two views of each sentence, one under each of two templates (plus dropout), InfoNCE
 with in-batch negatives; supervised: NLI triplets under one template. Template denoising is switched
@@ -12,9 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torch import Tensor
-from transformers import AutoConfig
 
-from ..encoders.plain import load_pretrained
+from ..backbones import BackboneFamily
 from ..encoders.template import TemplateEncoder
 from .simcse import SimCSE
 
@@ -26,27 +26,33 @@ BERT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]
 # which gives the sentence's first word a leading space and appends "." to sentences without final
 # punctuation; we use the training rows everywhere.)
 ROBERTA_TEMPLATES = ("This sentence : '[X] ' means<mask>.", "The sentence : '[X] ' means<mask>.")
+# Causal decoders, read at the template's last token: PromptEOL's template (kongds/scaling_sentemb,
+# train_llm.sh), then PromptBERT's second template in the same form for two-template views.
+PROMPTEOL_TEMPLATES = ('This sentence : "[X]" means in one word:"', 'This sentence of "[X]" means in one word:"')
 
 
-def default_templates(backbone: str) -> tuple[str, ...]:
-    """PromptBERT's template pair for the backbone's family (RoBERTa-style or BERT)."""
-    model_type = load_pretrained(AutoConfig, backbone).model_type
-    return ROBERTA_TEMPLATES if "roberta" in model_type else BERT_TEMPLATES
+def default_templates(family: BackboneFamily) -> tuple[str, ...]:
+    """PromptBERT's template pair for the backbone's family: PromptEOL's on decoders, RoBERTa's token
+    ids on RoBERTa-style models, BERT's otherwise."""
+    if family.template_readout == "last":
+        return PROMPTEOL_TEMPLATES
+    return ROBERTA_TEMPLATES if family.name == "roberta" else BERT_TEMPLATES
 
 
 class PromptMethod(SimCSE):
     """Shared by the template methods: the SimCSE loss over [MASK]-state views, template 0 at
     evaluation, denoising switches, and the sentence-transformers export.
 
-    Denoising defaults: on in training (PromptBERT's unsupervised objective, ConPVP's footnote 1),
-    off at validation and test, so checkpoints are selected on the same embedding that is tested and
-    exported. The PromptBERT reference selects on denoised STS-B dev but reports undenoised test
-    numbers (its supervised runs denoise both); set `denoise_val` / `denoise_test` to choose.
+    Denoising defaults: on in training on encoders (PromptBERT's unsupervised objective, ConPVP's
+    footnote 1), off on decoders (PromptEOL trains and evaluates without it), off at validation and
+    test, so checkpoints are selected on the same embedding that is tested and exported. The
+    PromptBERT reference selects on denoised STS-B dev but reports undenoised test numbers (its
+    supervised runs denoise both); set `denoise_val` / `denoise_test` to choose.
 
     Args:
         denoise_train / denoise_val / denoise_test: subtract the template bias in training,
             validation, and test (test also covers `encode` outside a trainer, `sentemb evaluate`
-            and the export).
+            and the export); `denoise_train` None = on for encoders, off for decoders.
         pooler: always "mask" (the hidden state at the template's mask token).
         **kwargs: see `SimCSE` and `SentEmbMethod` (the MLM auxiliary loss is not supported).
     """
@@ -54,7 +60,7 @@ class PromptMethod(SimCSE):
     def __init__(
         self,
         backbone: str,
-        denoise_train: bool = True,
+        denoise_train: bool | None = None,
         denoise_val: bool = False,
         denoise_test: bool = False,
         pooler: Literal["mask"] = "mask",
@@ -65,6 +71,11 @@ class PromptMethod(SimCSE):
         if kwargs.get("mlm_weight", 0.0) > 0:
             raise ValueError(f"{type(self).__name__} does not support the MLM auxiliary loss (mlm_weight > 0)")
         super().__init__(backbone, pooler=pooler, **kwargs)
+
+    def apply_family_defaults(self) -> None:
+        super().apply_family_defaults()
+        if self.hparams.denoise_train is None:
+            self.hparams.denoise_train = not self.family.causal
 
     def collate_views(
         self, examples: list[dict[str, list[int]]], columns: list[str], templates: list[Sequence[int]]
@@ -104,7 +115,9 @@ class PromptBERT(PromptMethod):
         templates: template strings (see `encoders.template`); default by backbone family —
             BERT: `This sentence : "[X]" means [MASK] .`, `This sentence of "[X]" means [MASK] .`;
             RoBERTa: `This sentence : '[X] ' means<mask>.`, `The sentence : '[X] ' means<mask>.` (the
-            reference's token ids, see `ROBERTA_TEMPLATES`).
+            reference's token ids, see `ROBERTA_TEMPLATES`); decoders: PromptEOL's
+            `This sentence : "[X]" means in one word:"` and `This sentence of "[X]" means in one word:"`
+            (the second is ours, for two-template unsupervised views: PromptEOL trains on NLI with one).
             (The reference's unsupervised BERT run puts the "of" template first and evaluates with it.)
         **kwargs: see `PromptMethod`.
     """
@@ -113,8 +126,8 @@ class PromptBERT(PromptMethod):
         super().__init__(backbone, **kwargs)
 
     def build_encoder(self) -> TemplateEncoder:
-        templates = self.hparams.templates or default_templates(self.hparams.backbone)
-        return TemplateEncoder(self.hparams.backbone, templates)
+        templates = self.hparams.templates or default_templates(self.family)
+        return TemplateEncoder(self.hparams.backbone, templates, dropout=self.hparams.dropout)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         n = len(examples)

@@ -1,0 +1,340 @@
+"""Every method on every backbone family: BERT, RoBERTa, ModernBERT and decoder LLMs (Llama, Qwen2, Qwen3,
+Mistral, Gemma), tiny random models built in code (tests/conftest.py).
+
+- the method × backbone table (README "Backbones"): each pair trains 3 steps with a finite loss or is
+  refused with its one line;
+- decoder pooling: `last`, `avg` and template pooling give the same embeddings left- and right-padded;
+- the packed forward equals the padded one (loss, every gradient, embeddings) on each new family;
+- a decoder's prefix attention equals a hand-written attention over [prefix; keys];
+- gradient caching is exact and resume bit-exact on a decoder;
+- the export round trip through sentence-transformers for decoders and ModernBERT.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModel
+
+from lightning_sentemb.backbones import UnsupportedBackbone
+from lightning_sentemb.callbacks.kmeans import initial_centroids
+from lightning_sentemb.encoders.prefix import PrefixedBackbone
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.export import export
+from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods.base import SentEmbMethod
+
+SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
+             "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table .",
+             "kids play football in the park", "the sun shines"]
+
+METHODS = {
+    "SimCSE": lambda path: SimCSE(path),
+    "PromptBERT": lambda path: PromptBERT(path),
+    "ConPVP": lambda path: ConPVP(path, prompt_length=2),
+    "DCPCSE": lambda path: DCPCSE(path, prefix_len=2),
+    "ClusterNS": lambda path: ClusterNS(path, num_clusters=2),
+    "ClusterNSPrompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
+    "ClusterNSPrefix": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2),
+}
+BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_llama", "tiny_qwen2"]
+DECODERS = ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_mistral", "tiny_gemma"]
+NEW_FAMILIES = ["tiny_modernbert", *DECODERS]
+
+# The README's method × backbone table: every default-configured pair works. What a family refuses:
+REFUSED = {
+    ("SimCSE", "pooler cls", "tiny_llama"): (lambda path: SimCSE(path, pooler="cls"), "sees only itself"),
+    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: SimCSE(path, mlm_weight=0.1), "no masked-LM head"),
+    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: DCPCSE(path, prefix_len=2, mlm_weight=0.1), "no masked-LM head"),
+    ("SimCSE", "pooler mask", "tiny_bert"): (lambda path: SimCSE(path, pooler="mask"), "template"),
+}
+
+
+def quiet(method: SentEmbMethod) -> SentEmbMethod:
+    method.log = lambda *args, **kwargs: None
+    method.log_dict = lambda *args, **kwargs: None
+    return method
+
+
+def without_dropout(method: nn.Module) -> nn.Module:
+    for module in method.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return method
+
+
+def unsupervised_examples(method: SentEmbMethod) -> list[dict[str, list[int]]]:
+    return [{"sent0": ids} for ids in method.encoder.format.sentence_ids(SENTENCES)]
+
+
+def train_steps(method: SentEmbMethod, steps: int = 3) -> list[float]:
+    """`steps` optimizer steps on the unsupervised sentences, the ClusterNS centroids live after the first."""
+    optimizer = torch.optim.AdamW([p for p in method.parameters() if p.requires_grad], lr=1e-3)
+    examples = unsupervised_examples(method)
+    losses = []
+    for step in range(steps):
+        method.collate_generator.manual_seed(step)
+        batch = method.collate(examples)
+        if hasattr(method, "cluster_state") and step == 1:
+            with torch.no_grad():
+                anchors = method.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))[0]
+            method.cluster_state.initialize_(initial_centroids(anchors, 2))
+        loss, _ = method.step_loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return losses
+
+
+@pytest.mark.parametrize("backbone", BACKBONES)
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_trains_on_every_backbone(name: str, backbone: str, request) -> None:
+    torch.manual_seed(0)
+    method = quiet(METHODS[name](request.getfixturevalue(backbone)))
+    losses = train_steps(method)
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+    assert method.encode(SENTENCES[:3]).isfinite().all()
+
+
+@pytest.mark.parametrize("key", list(REFUSED), ids=lambda key: "-".join(key))
+def test_refused_pairs_get_one_line_naming_method_model_type_and_why(key, request) -> None:
+    name, _, backbone = key
+    build, why = REFUSED[key]
+    with pytest.raises(SentEmbUserError) as refusal:
+        build(request.getfixturevalue(backbone))
+    message = str(refusal.value)
+    assert "\n" not in message and why in message
+    if isinstance(refusal.value, UnsupportedBackbone):
+        assert message.startswith(f"{name} on ") and ("llama" in message or "qwen2" in message)
+
+
+def test_decoders_default_to_last_token_pooling_and_the_prompteol_template(tiny_qwen2: str) -> None:
+    assert SimCSE(tiny_qwen2).hparams.pooler == "last"
+    method = PromptBERT(tiny_qwen2)
+    assert not method.hparams.denoise_train  # PromptEOL trains without denoising
+    template = method.encoder.format.templates[0]
+    assert template.text == 'This sentence : "[X]" means in one word:"'
+    tokenizer = method.tokenizer
+    features = method.sentence_features(["the cat sat"])
+    row = features["input_ids"][0].tolist()
+    # the row ends with the template's last token (no [SEP]/EOS after it), and that token is the one read
+    assert tokenizer.decode(row[-1:]) == '"' and features["pool_position"].tolist() == [len(row) - 1]
+
+
+def test_a_decoder_template_written_with_mask_is_cut_before_it(tiny_llama: str) -> None:
+    """ConPVP's and PromptBERT's [MASK] templates on a decoder: read at the token that predicts the mask."""
+    method = PromptBERT(tiny_llama, templates=['This sentence : "[X]" means [MASK] .'])
+    cut = PromptBERT(tiny_llama, templates=['This sentence : "[X]" means'])
+    sentences = ["the cat sat", "a dog runs in the park"]
+    assert method.sentence_features(sentences)["input_ids"].equal(cut.sentence_features(sentences)["input_ids"])
+    with pytest.raises(ValueError, match="must come first"):
+        PromptBERT(tiny_llama, templates=['[MASK] is what "[X]" means'])
+
+
+def left_padded(features: dict, pad_id: int) -> dict:
+    """The same rows padded on the left: every (rows, width) tensor shifted right by its row's padding,
+    `pool_position` with it; the packed layout is rebuilt from the mask."""
+    mask = features["attention_mask"]
+    width = mask.shape[1]
+    shift = width - mask.sum(1, keepdim=True)
+    source = (torch.arange(width)[None] - shift).clamp_min(0)
+    keep = torch.arange(width)[None] >= shift
+    out = {}
+    for key, value in features.items():
+        if key == "layout":
+            continue
+        if key == "pool_position":
+            out[key] = value + shift[:, 0]
+        elif isinstance(value, torch.Tensor) and value.shape == mask.shape:
+            fill = {"input_ids": pad_id, "prompt_slots": -1}.get(key, 0)
+            out[key] = torch.where(keep, value.gather(1, source), torch.full_like(value, fill))
+        else:
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("pooling", ["last", "avg", "template", "prompt_slots"])
+@pytest.mark.parametrize("backbone", ["tiny_llama", "tiny_qwen2"])
+def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling: str, padding_free: bool,
+                                                         request) -> None:
+    path = request.getfixturevalue(backbone)
+    if pooling == "template":
+        method = PromptBERT(path)
+    elif pooling == "prompt_slots":
+        method = ConPVP(path, prompt_length=2)
+    else:
+        method = SimCSE(path, pooler=pooling, mlp="none")
+    method.encoder.configure_speed(padding_free, compile_layers=False)
+    method.eval()
+    right = method.sentence_features(SENTENCES)
+    assert right["attention_mask"][:, -1].eq(0).any()  # the batch holds padding
+    left = left_padded(right, method.encoder.format.pad_id)
+    assert left["attention_mask"][:, 0].eq(0).any()
+    with torch.no_grad():
+        torch.testing.assert_close(method.embed(left), method.embed(right), atol=1e-5, rtol=1e-5)
+
+
+PACKED_METHODS = {
+    "simcse": lambda path, family: SimCSE(path, pooler="last" if family != "tiny_modernbert" else "cls"),
+    "simcse_avg_first_last": lambda path, family: SimCSE(path, pooler="avg_first_last", hard_negative_weight=0.5),
+    "promptbert_denoised": lambda path, family: PromptBERT(path, denoise_train=True),
+    "conpvp": lambda path, family: ConPVP(path, prompt_length=2),
+    "dcpcse_shifted": lambda path, family: DCPCSE(path, pooler="avg", prefix_len=3),
+    "dcpcse_zero": lambda path, family: DCPCSE(path, pooler="avg", prefix_len=3, position_offset="zero"),
+    "clusterns": lambda path, family: ClusterNS(path, pooler="avg", num_clusters=2),
+}
+
+
+def loss_and_grads(method: SentEmbMethod, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    method.zero_grad(set_to_none=True)
+    loss = method.training_step(copy.deepcopy(batch), 0)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in method.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("backbone", NEW_FAMILIES)
+@pytest.mark.parametrize("name", list(PACKED_METHODS))
+def test_packed_forward_equals_padded_forward(name: str, backbone: str, request) -> None:
+    torch.manual_seed(0)
+    fast = quiet(without_dropout(PACKED_METHODS[name](request.getfixturevalue(backbone), backbone))).train()
+    assert fast.encoder.padding_free
+    torch.manual_seed(0)
+    batch = fast.collate(unsupervised_examples(fast))
+    assert not bool(batch["features"]["attention_mask"].all()), "the batch must hold padding"
+    if name == "clusterns":
+        with torch.no_grad():
+            views = fast.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
+        fast.cluster_state.initialize_(initial_centroids(views[0], 2))
+    padded = copy.deepcopy(fast)
+    padded.encoder.configure_speed(padding_free=False, compile_layers=False)
+    fast_loss, fast_grads = loss_and_grads(fast, batch)
+    padded_loss, padded_grads = loss_and_grads(padded, batch)
+    torch.testing.assert_close(fast_loss, padded_loss, atol=1e-5, rtol=1e-5)
+    assert fast_grads.keys() == padded_grads.keys() and len(fast_grads) > 0
+    for key in fast_grads:
+        torch.testing.assert_close(fast_grads[key], padded_grads[key], atol=1e-5, rtol=1e-5, msg=key)
+    torch.testing.assert_close(fast.encode(SENTENCES), padded.encode(SENTENCES), atol=1e-5, rtol=1e-5)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+@pytest.mark.parametrize("backbone", ["tiny_llama", "tiny_qwen2"])
+def test_decoder_prefix_attention_equals_hand_written_attention(backbone: str, padding_free: bool, request) -> None:
+    """The first layer of a prefixed decoder, by hand: rotary queries/keys at positions shifted by the
+    prefix, keys [prefix; sentence], every prefix key visible, causal within the sentence."""
+    path = request.getfixturevalue(backbone)
+    model = AutoModel.from_pretrained(path).eval()
+    prefix_len = 3
+    prefixed = PrefixedBackbone(model, prefix_len, dropout=0.0).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        prefixed.prefix_encoder.embedding.weight.normal_()
+    input_ids = torch.tensor([[101, 2023, 2003, 1037, 7953, 102], [101, 4937, 102, 0, 0, 0]])
+    mask = (input_ids != 0).long()
+    with torch.no_grad():
+        ours = prefixed(input_ids, mask, output_hidden_states=True, padding_free=padding_free).hidden_states[1]
+        prefix_key, prefix_value = prefixed.prefix_encoder(2)[0]  # (batch, kv_heads, prefix_len, head_dim)
+        layer, config = model.layers[0], model.config
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        head_dim = config.hidden_size // heads
+        x = model.embed_tokens(input_ids)
+        h = layer.input_layernorm(x)
+        attention = layer.self_attn
+        q = attention.q_proj(h).view(2, 6, heads, head_dim).transpose(1, 2)
+        k = attention.k_proj(h).view(2, 6, kv_heads, head_dim).transpose(1, 2)
+        v = attention.v_proj(h).view(2, 6, kv_heads, head_dim).transpose(1, 2)
+        positions = (torch.arange(6) + prefix_len).float()
+        inverse = 1.0 / config.rope_parameters["rope_theta"] ** (torch.arange(0, head_dim, 2).float() / head_dim)
+        angles = torch.cat([positions[:, None] * inverse, positions[:, None] * inverse], dim=-1)
+        q = q * angles.cos() + rotate_half(q) * angles.sin()
+        k = k * angles.cos() + rotate_half(k) * angles.sin()
+        keys = torch.cat([prefix_key, k], dim=2).repeat_interleave(heads // kv_heads, dim=1)
+        values = torch.cat([prefix_value, v], dim=2).repeat_interleave(heads // kv_heads, dim=1)
+        scores = q @ keys.transpose(-1, -2) / head_dim**0.5  # (batch, heads, 6, prefix + 6)
+        visible = torch.ones(2, 1, 6, prefix_len + 6, dtype=torch.bool)
+        visible[..., prefix_len:] = torch.tril(torch.ones(6, 6, dtype=torch.bool)) & mask.bool()[:, None, None, :]
+        context = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ values
+        hidden = x + attention.o_proj(context.transpose(1, 2).reshape(2, 6, -1))
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], hidden[real], atol=1e-5, rtol=1e-5)
+
+
+DECODER_GRAD_METHODS = {
+    "simcse": lambda path: SimCSE(path),
+    "simcse_sup": lambda path: SimCSE(path, hard_negative_weight=0.5),
+    "promptbert": lambda path: PromptBERT(path, denoise_train=True),
+    "conpvp": lambda path: ConPVP(path, prompt_length=2),
+    "dcpcse": lambda path: DCPCSE(path, prefix_len=2),
+    "clusterns_prompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
+}
+
+
+@pytest.mark.parametrize("name", list(DECODER_GRAD_METHODS))
+def test_gradient_caching_is_exact_on_a_decoder(name: str, tiny_qwen2: str, monkeypatch) -> None:
+    from tests import test_grad_cache as grad_cache
+
+    monkeypatch.setitem(grad_cache.METHODS, name, DECODER_GRAD_METHODS[name])
+    method = grad_cache.build(name, tiny_qwen2, dtype=torch.float64)
+    batch = grad_cache.batch_for(name, method)
+    loss, want = grad_cache.gradients(method, batch, 0)
+    cached_loss, got = grad_cache.gradients(method, batch, grad_cache.CHUNK)
+    torch.testing.assert_close(cached_loss, loss, rtol=1e-12, atol=0)
+    assert grad_cache.relative_error(got, want) < 1e-10, name
+
+
+@pytest.mark.parametrize("method", ["SimCSE", "PromptBERT"])
+def test_resume_is_bit_exact_on_a_decoder(method: str, tiny_qwen2, sts_fixture, tmp_path, monkeypatch) -> None:
+    """SIGTERM mid-run, then `--ckpt_path last`: the same per-step losses and final weights as an
+    uninterrupted run (dropout set to 0.1, so the per-step random state matters)."""
+    from tests import test_resume as resume
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(f"sentence {i} is about {['cats', 'dogs', 'birds'][i % 3]} .\n" for i in range(20)))
+    monkeypatch.setitem(resume.METHODS, method, ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
+
+    def args(root):
+        return resume.run_args(method, tiny_qwen2, sts_fixture, corpus, root, 0)
+
+    reference = tmp_path / "reference"
+    resume.fit(args(reference), tmp_path / "reference.jsonl")
+    root = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        resume.fit(args(root), tmp_path / "run.jsonl", resume.TerminateAt(resume.KILL_AT))
+    resume.fit([*args(root), "--ckpt_path", "last"], tmp_path / "run.jsonl")
+    assert resume.read_losses(tmp_path / "run.jsonl") == resume.read_losses(tmp_path / "reference.jsonl")
+    state, expected = resume.trained_state(root), resume.trained_state(reference)
+    assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in state)
+
+
+EXPORTED = {
+    "SimCSE": lambda path: SimCSE(path, mlp="train"),
+    "SimCSE_sup_mlp": lambda path: SimCSE(path, mlp="always"),
+    "PromptBERT": lambda path: PromptBERT(path),
+    "ConPVP": lambda path: ConPVP(path, prompt_length=2),
+    "DCPCSE": lambda path: DCPCSE(path, prefix_len=2),
+    "ClusterNSPrefix": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2),
+}
+
+
+@pytest.mark.parametrize("backbone", ["tiny_qwen2", "tiny_modernbert"])
+@pytest.mark.parametrize("name", list(EXPORTED))
+def test_export_round_trip_through_sentence_transformers(name: str, backbone: str, request, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    torch.manual_seed(0)
+    method = EXPORTED[name](request.getfixturevalue(backbone))
+    train_steps(quiet(method), steps=1)  # trained weights, not the backbone's own
+    folder = export(method.eval(), tmp_path / "export")
+    model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
+    torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), method.encode(SENTENCES),
+                               atol=1e-5, rtol=1e-5)
