@@ -47,6 +47,10 @@ Prototypes = Literal["both", "positive", "none"]
 class ConPVP(PromptMethod):
     """ConPVP on a one-column corpus (other columns are ignored).
 
+    On a causal decoder the [MASK] state becomes the state of the token before [MASK] (each template is
+    cut there, `encoders.template`), e.g. `"[X]", is this review positive ?`, and the anchor reads its
+    last prompt vector; denoising is then off by default, as in PromptEOL (`denoise_train`).
+
     Templates are sampled per example at every training step from `collate_generator`, seeded per
     batch from the run seed, so they are reproducible, differ across DataLoader workers and repeat
     after a resume (the reference fixes one template per example at preprocessing). Training embeddings are
