@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer, processors
-from transformers import AutoTokenizer, BertConfig, BertModel, PreTrainedTokenizerFast, RobertaConfig, RobertaModel
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertModel,
+    LlamaConfig,
+    LlamaModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2Model,
+    RobertaConfig,
+    RobertaModel,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ROBERTA_CORPUS = [
@@ -72,6 +83,30 @@ def tiny_roberta(tmp_path_factory: pytest.TempPathFactory) -> str:
     RobertaModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def tiny_decoder(path: Path, config_class: type, model_class: type) -> str:
+    """2-layer, 32-wide random decoder (4 heads, 2 key/value heads) with the all-MiniLM-L6-v2 tokenizer;
+    its pad/bos/eos ids are the tokenizer's [PAD]/[CLS]/[SEP]."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    config = config_class(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.cls_token_id,
+                          eos_token_id=tokenizer.sep_token_id)
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_decoder(tmp_path_factory.mktemp("tiny_qwen2"), Qwen2Config, Qwen2Model)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return tiny_decoder(tmp_path_factory.mktemp("tiny_llama"), LlamaConfig, LlamaModel)
 
 
 @pytest.fixture()

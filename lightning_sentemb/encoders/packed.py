@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 
@@ -86,15 +87,20 @@ def embed(backbone: PreTrainedModel, packing: Packing, input_ids: Tensor | None,
 
 
 def self_attention(layer: nn.Module, hidden: Tensor, packing: Packing, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
-    """Q/K/V on the packed rows (one GEMM over the concatenated HF weights), attention per sentence on
-    re-padded heads, back to packed rows. `prefix`: (key, value), each (batch, heads, prefix_len,
-    head_dim), visible to every real token (DCPCSE)."""
+    """Q/K/V on the packed rows (one GEMM over the concatenated HF weights; the projection modules
+    themselves when adapters such as peft's LoRA wrap them), attention per sentence on re-padded heads,
+    back to packed rows. `prefix`: (key, value), each (batch, heads, prefix_len, head_dim), visible to
+    every real token (DCPCSE)."""
     attention = layer.attention.self
     heads, head_dim = attention.num_attention_heads, attention.attention_head_size
     projections = (attention.query, attention.key, attention.value)
-    weight = torch.cat([p.weight for p in projections])
-    bias = torch.cat([p.bias for p in projections])
-    qkv = packing.unpack(F.linear(hidden, weight, bias))  # (batch, length, 3 * heads * head_dim)
+    if all(type(p) is nn.Linear for p in projections):
+        weight = torch.cat([p.weight for p in projections])
+        bias = torch.cat([p.bias for p in projections])
+        qkv = F.linear(hidden, weight, bias)
+    else:
+        qkv = torch.cat([p(hidden) for p in projections], dim=-1)
+    qkv = packing.unpack(qkv)  # (batch, length, 3 * heads * head_dim)
     query, key, value = qkv.view(packing.batch, packing.length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
     key_mask = packing.mask
     if prefix is not None:
@@ -151,7 +157,8 @@ def packed_forward(
     (`last_hidden_state`, `hidden_states` padded, zeros at padding; no `pooler_output`).
 
     `prefix`: per-layer prefix keys/values; `past_length` shifts default position ids as HF does for
-    cached tokens. `layer_fn` is `encoder_layer` or a compiled copy of it.
+    cached tokens. `layer_fn` is `encoder_layer` or a compiled copy of it. Layers the backbone
+    checkpoints (`gradient_checkpointing_enable`) are checkpointed here too, in training.
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids and inputs_embeds")
@@ -166,7 +173,13 @@ def packed_forward(
     hidden = embed(backbone, packing, input_ids, inputs_embeds, position_ids)
     states = [hidden]
     for index, layer in enumerate(backbone.encoder.layer):
-        hidden = layer_fn(layer, hidden, packing, None if prefix is None else prefix[index])
+        layer_prefix = None if prefix is None else prefix[index]
+        if layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
+            # the backbone's gradient checkpointing switch (HF's per-layer flag): recompute the layer in
+            # backward, under the random state of its forward (same dropout masks)
+            hidden = checkpoint(layer_fn, layer, hidden, packing, layer_prefix, use_reentrant=False)
+        else:
+            hidden = layer_fn(layer, hidden, packing, layer_prefix)
         states.append(hidden)
     return BaseModelOutputWithPoolingAndCrossAttentions(
         last_hidden_state=packing.unpack(hidden),
