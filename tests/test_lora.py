@@ -144,7 +144,8 @@ def test_merged_export_equals_the_unmerged_model(name, request, tmp_path) -> Non
                                rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["simcse_mlm_bert", "clusterns_roberta", "promptbert_bert", "dcpcse_bert", "simcse_qwen2"])
+@pytest.mark.parametrize("name", ["simcse_mlm_bert", "clusterns_roberta", "promptbert_bert", "dcpcse_bert",
+                                  "simcse_qwen2"])
 def test_adapter_only_export_reloads_to_the_same_embeddings(name, request, tmp_path) -> None:
     from peft import PeftModel
     from transformers import AutoModel
@@ -229,7 +230,8 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name, padding_
     calls = []
     for method in methods:  # a layer's first projection runs once per forward, once more when recomputed
         backbone = method.encoder.backbone
-        projection = backbone.layers[0].self_attn.q_proj if "qwen2" in name else backbone.encoder.layer[0].attention.self.query
+        projection = (backbone.layers[0].self_attn.q_proj if "qwen2" in name
+                      else backbone.encoder.layer[0].attention.self.query)
         calls.append([])
         projection.register_forward_hook(lambda *_, seen=calls[-1]: seen.append(1))
     (plain_loss, plain_grads), (checkpointed_loss, checkpointed_grads) = (loss_and_grads(m, batch) for m in methods)
@@ -238,6 +240,44 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name, padding_
     assert plain_grads.keys() == checkpointed_grads.keys() and plain_grads
     for key in plain_grads:
         torch.testing.assert_close(checkpointed_grads[key], plain_grads[key], rtol=1e-6, atol=1e-7, msg=key)
+
+
+def ddp_fit(backbone: str, out: str) -> None:
+    """One cached step of a LoRA SimCSE on 2 CPU processes; Lightning relaunches `python -m tests.test_lora`."""
+    from tests.test_grad_cache import SaveRankZeroGradients
+
+    method = lora_simcse(backbone)
+    method.hparams.grad_cache_chunk = CHUNK
+    trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      limit_val_batches=0, callbacks=[SaveRankZeroGradients(out)])
+    trainer.fit(method, DataLoader(examples(method), batch_size=4, collate_fn=method.collate))
+
+
+def lora_simcse(backbone: str) -> SimCSE:
+    torch.manual_seed(0)
+    return without_dropout(randomize_adapters(SimCSE(backbone, pooler="avg", lora=LORA))).to(torch.float64)
+
+
+@pytest.mark.slow
+def test_ddp_with_lora_equals_one_process(tiny_bert, tmp_path) -> None:
+    """2 CPU processes (gloo), 4 sentences each, gradient caching on: the adapters' synced gradient is
+    the one-process gradient of the 8-sentence global batch."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "grads.pt"
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(repo)}
+    result = subprocess.run([sys.executable, "-m", "tests.test_lora", tiny_bert, str(out)], cwd=repo, env=env,
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (got,) = torch.load(out)
+    method = lora_simcse(tiny_bert)
+    _, want = gradients(method, method.collate(examples(method)), 0)
+    assert set(got) == set(want) and all(".lora_" in k or k.startswith("mlp.") for k in want)
+    assert relative_error(got, want) < 1e-10
 
 
 # ----- checkpoints: exact resume, the frozen base left out, its identity ---------------------------
@@ -315,7 +355,8 @@ def test_bf16_backbone_keeps_what_trains_in_fp32(tiny_bert) -> None:
     method = SimCSE(tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA, backbone_dtype="bf16")
     dtypes = {n: p.dtype for n, p in method.named_parameters()}
     assert all(d == torch.float32 for n, d in dtypes.items() if method.get_parameter(n).requires_grad)
-    assert all(d == torch.bfloat16 for n, d in dtypes.items() if n.startswith("encoder.backbone.") and ".lora_" not in n)
+    base = [d for n, d in dtypes.items() if n.startswith("encoder.backbone.") and ".lora_" not in n]
+    assert base and all(d == torch.bfloat16 for d in base)
     assert torch.isfinite(method.encode(SENTENCES)).all()  # evaluation autocasts to bf16, CPU included
     before = base_state(method)
     short_fit(method, steps=2, precision="bf16-mixed")
@@ -338,6 +379,31 @@ def test_4bit_is_refused_without_a_gpu_or_bitsandbytes(tiny_bert, monkeypatch) -
         SimCSE(tiny_bert, lora=LORA, load_in_4bit=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a))
     with pytest.raises(SentEmbUserError, match=r"pip install 'lightning_sentemb\[qlora\]'"):
         SimCSE(tiny_bert, lora=LORA, load_in_4bit=True)
+
+
+@pytest.mark.slow
+def test_lora_benchmark_runs_on_a_small_shape(tmp_path) -> None:
+    """`benchmarks/lora.py --shape small`: every configuration trains and checkpoints; LoRA's is smaller."""
+    import json
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    output = tmp_path / "lora.json"
+    subprocess.run([sys.executable, str(repo / "benchmarks" / "lora.py"), "--shape", "small", "--batch", "4",
+                    "--steps", "1", "--output", str(output)], check=True, capture_output=True, cwd=repo)
+    results = json.loads(output.read_text())
+    assert list(results) == ["full fine-tuning", "LoRA", "LoRA + gradient checkpointing"]
+    full, lora = results["full fine-tuning"], results["LoRA"]
+    assert full["trainable"] == full["parameters"] and lora["trainable"] < lora["parameters"] / 20
+    assert lora["checkpoint_mib"] < full["checkpoint_mib"] / 10
+
+
+if __name__ == "__main__":
+    import sys
+
+    ddp_fit(*sys.argv[1:])

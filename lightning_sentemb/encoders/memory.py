@@ -28,7 +28,8 @@ def from_pretrained_options(backbone_dtype: BackboneDtype, load_in_4bit: bool) -
     computes in fp32: `backbone_dtype: fp32`), the other weights (embeddings, norms) in `backbone_dtype`.
     Each process places the model on its own GPU (`LOCAL_RANK`), as DDP launchers number them."""
     if backbone_dtype not in DTYPES:
-        raise SentEmbUserError(f"model.init_args.backbone_dtype must be one of {', '.join(DTYPES)}, got {backbone_dtype!r}")
+        raise SentEmbUserError(f"model.init_args.backbone_dtype must be one of {', '.join(DTYPES)}, "
+                               f"got {backbone_dtype!r}")
     options: dict[str, Any] = {"dtype": DTYPES[backbone_dtype]}
     if not load_in_4bit:
         return options

@@ -141,7 +141,8 @@ def load_pretrained(loader: Any, name: str, **options: Any) -> Any:
     A folder holding a peft adapter (`adapter_config.json`, e.g. `sentemb export --adapter-only`) loads
     through transformers' peft integration: its base model plus the adapter."""
     path = resolve_model_path(name)
-    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in ("config.json", "adapter_config.json")):
+    model_files = ("config.json", "adapter_config.json")
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, file)) for file in model_files):
         raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
                                f"{BACKBONE_HINT}")
     if not os.path.exists(path) and _looks_like_folder(path):
