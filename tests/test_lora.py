@@ -41,8 +41,9 @@ METHODS = {
 
 def build(name: str, request, **kwargs):
     fixture, make = METHODS[name]
+    backbone = request.getfixturevalue(fixture)  # before seeding: a first use builds the fixture's model
     torch.manual_seed(0)
-    return make(request.getfixturevalue(fixture), lora=LORA, **kwargs)
+    return make(backbone, lora=LORA, **kwargs)
 
 
 def randomize_adapters(method: nn.Module) -> nn.Module:
@@ -220,10 +221,11 @@ def test_padding_free_forward_equals_padded_with_lora(name, request) -> None:
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name, padding_free, lora, request) -> None:
     """Dropout on: the recomputation must replay each layer's masks."""
     fixture, make = METHODS[name]
+    backbone = request.getfixturevalue(fixture)  # before seeding: a first use builds the fixture's model
     methods = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        method = make(request.getfixturevalue(fixture), lora=LORA if lora else None, padding_free=padding_free,
+        method = make(backbone, lora=LORA if lora else None, padding_free=padding_free,
                       gradient_checkpointing=checkpointing)
         methods.append(randomize_adapters(method) if lora else method)
     batch = methods[0].collate(examples(methods[0]))
@@ -278,6 +280,13 @@ def test_ddp_with_lora_equals_one_process(tiny_bert, tmp_path) -> None:
     _, want = gradients(method, method.collate(examples(method)), 0)
     assert set(got) == set(want) and all(".lora_" in k or k.startswith("mlp.") for k in want)
     assert relative_error(got, want) < 1e-10
+
+
+def test_gradient_checkpointing_refuses_a_prefix_on_the_padded_forward(tiny_bert) -> None:
+    """transformers' checkpointed layers drop the cache that carries DCPCSE's prefix on the padded path."""
+    for options in ({"padding_free": False}, {"mlm_weight": 0.1}):
+        with pytest.raises(SentEmbUserError, match="gradient_checkpointing: DCPCSE's prefix"):
+            DCPCSE(tiny_bert, prefix_len=2, gradient_checkpointing=True, **options)
 
 
 # ----- checkpoints: exact resume, the frozen base left out, its identity ---------------------------

@@ -326,14 +326,15 @@ class SentEmbMethod(LightningModule):
         """No callbacks of its own (ClusterNS adds K-means); refuses trainer options that gradient
         caching or a low-precision backbone cannot honour, before Lightning's own, less specific, check."""
         trainer = self._trainer
+        fitting = trainer is not None and trainer.state.fn == "fit"
         dtype = self.hparams.backbone_dtype
-        if dtype != "fp32" and trainer is not None and not str(trainer.precision).endswith("-mixed"):
+        if dtype != "fp32" and fitting and not str(trainer.precision).endswith("-mixed"):
             raise SentEmbUserError(
                 f"model.init_args.backbone_dtype {dtype} keeps the frozen weights in {dtype} and what trains in fp32, "
                 f"which run together under mixed precision: set trainer.precision {'bf16' if dtype == 'bf16' else '16'}"
                 f"-mixed (got {trainer.precision})"
             )
-        if self.hparams.grad_cache_chunk and trainer is not None and trainer.state.fn == "fit":
+        if self.hparams.grad_cache_chunk and fitting:
             if trainer.gradient_clip_val:
                 raise SentEmbUserError(
                     f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not supported with "

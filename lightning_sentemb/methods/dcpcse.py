@@ -37,6 +37,7 @@ from transformers import PreTrainedConfig
 from ..encoders.lora import has_lora, save_backbone
 from ..encoders.plain import Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
+from ..errors import SentEmbUserError
 from ..export import write_pooling_modules
 from ..losses.energy_hinge import InfoNCEHingeLoss
 from .simcse import SimCSE
@@ -155,6 +156,14 @@ class DCPCSE(SimCSE):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, lr=lr, **kwargs)
+        if self.hparams.gradient_checkpointing and (not self.encoder.padding_free or self.hparams.mlm_weight > 0):
+            # transformers' checkpointed layers drop the key/value cache that carries the prefix on the
+            # padded forward (and the MLM forward is padded); the packed forward checkpoints with it
+            raise SentEmbUserError(
+                "model.init_args.gradient_checkpointing: DCPCSE's prefix reaches the padded forward through the "
+                "key/value cache, which transformers' checkpointing drops; use it with padding_free true (on a "
+                "backbone the padding-free forward supports) and mlm_weight 0, or turn it off"
+            )
         if hinge_weight > 0:
             self.loss_fn = InfoNCEHingeLoss(
                 self.hparams.temperature, self.hparams.hard_negative_weight, hinge_margin, hinge_weight
