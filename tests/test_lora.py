@@ -362,10 +362,9 @@ def test_a_checkpoint_missing_trained_tensors_is_refused(tiny_bert, tmp_path) ->
 # ----- low-precision and 4-bit backbones -----------------------------------------------------------
 def test_bf16_backbone_keeps_what_trains_in_fp32(tiny_bert) -> None:
     method = SimCSE(tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA, backbone_dtype="bf16")
-    dtypes = {n: p.dtype for n, p in method.named_parameters()}
-    assert all(d == torch.float32 for n, d in dtypes.items() if method.get_parameter(n).requires_grad)
-    base = [d for n, d in dtypes.items() if n.startswith("encoder.backbone.") and ".lora_" not in n]
-    assert base and all(d == torch.bfloat16 for d in base)
+    assert all(p.dtype == torch.float32 for p in method.parameters() if p.requires_grad)
+    base = [p.dtype for n, p in method.encoder.backbone.named_parameters() if ".lora_" not in n]
+    assert base and all(dtype == torch.bfloat16 for dtype in base)
     assert torch.isfinite(method.encode(SENTENCES)).all()  # evaluation autocasts to bf16, CPU included
     before = base_state(method)
     short_fit(method, steps=2, precision="bf16-mixed")
