@@ -129,10 +129,15 @@ def export_main(args: list[str]) -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("out_dir")
     parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
+    parser.add_argument("--adapter-only", action="store_true",
+                        help="LoRA checkpoints: write peft's adapter folder (naming the base model) plus the pooling/"
+                             "template config, instead of the backbone with the adapters merged (the default)")
     options = parser.parse_args(args)
     silence_known_noise()
     check_export_folder(options.out_dir)
-    folder = export(load_method(options.checkpoint, trust_checkpoint=options.trust_checkpoint), options.out_dir)
+    # the base loads unquantized: a QLoRA run's adapters merge into (or ride on) the full-precision base
+    method = load_method(options.checkpoint, trust_checkpoint=options.trust_checkpoint, load_in_4bit=False)
+    folder = export(method, options.out_dir, options.adapter_only)
     print(f"exported to {folder} (AutoModel.from_pretrained and SentenceTransformer both load it)")
 
 

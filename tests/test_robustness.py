@@ -43,7 +43,7 @@ atomic_write_json(Path(sys.argv[2]) / "out.json", {"new": "x" * 1_000_000})
     "export": BLOCK + """
 from lightning_sentemb.export import export
 class HalfWritten:
-    def write_export(self, folder):
+    def write_export(self, folder, adapter_only=False):
         (folder / "config.json").write_text("{}")
         block()
 export(HalfWritten(), Path(sys.argv[2]) / "export")

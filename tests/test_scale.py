@@ -26,14 +26,16 @@ def printed_config(capsys, *args: str) -> dict:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: str(p.relative_to(REPO / "experiments")))
 def test_every_preset_is_a_second_config_for_the_experiment(experiment, capsys):
-    """A preset sets only hardware keys of the trainer (and at most the gradient-caching chunk of the
-    model, a memory setting that leaves loss and gradient unchanged); the recipe is untouched."""
+    """A preset sets only hardware keys of the trainer (and at most the model's memory switches:
+    gradient-caching chunk and gradient checkpointing, which leave loss and gradient unchanged, and the
+    storage of a frozen backbone); the recipe is untouched."""
     alone = printed_config(capsys, "-c", str(experiment))
     for preset in PRESETS:
         wanted = yaml.safe_load(preset.read_text())
         model = wanted.pop("model", {"init_args": {}})
         assert set(wanted) == {"trainer"} and set(model) == {"init_args"}, preset.name
-        assert set(model["init_args"]) <= {"grad_cache_chunk"}, preset.name
+        memory = {"grad_cache_chunk", "gradient_checkpointing", "backbone_dtype", "load_in_4bit"}
+        assert set(model["init_args"]) <= memory, preset.name
         combined = printed_config(capsys, "-c", str(experiment), "-c", str(preset))
         assert combined["trainer"] == {**alone["trainer"], **wanted["trainer"]}, preset.name
         expected = {**alone["model"], "init_args": {**alone["model"]["init_args"], **model["init_args"]}}

@@ -20,11 +20,10 @@ class BertFamily(BackboneFamily):
     prefix_through_cache = True  # BertSelfAttention takes past keys/values from a DynamicCache
     dropout_keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
 
-    def prepare_backbone(self, backbone: PreTrainedModel) -> None:
-        """The backbone's own pooler (Linear+Tanh over [CLS]) feeds none of our poolers: frozen. (Kept,
-        not dropped: `load_method(pooler="cls")` and the export read and write its weights.)"""
-        if backbone.pooler is not None:
-            backbone.pooler.requires_grad_(False)
+    def unread_modules(self, backbone: PreTrainedModel) -> list[str]:
+        """The backbone's own pooler (Linear+Tanh over [CLS]) feeds none of our poolers. (Kept, not
+        dropped: `load_method(pooler="cls")` and the export read and write its weights.)"""
+        return [] if backbone.pooler is None else ["pooler"]
 
     def packed_refusal(self) -> str | None:
         config = self.config

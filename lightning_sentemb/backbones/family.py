@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-import torch
 from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -66,8 +65,14 @@ class BackboneFamily:
             tokenizer.pad_token = tokenizer.eos_token  # padding is masked: any id serves
         tokenizer.padding_side = "right"
 
+    def unread_modules(self, backbone: PreTrainedModel) -> list[str]:
+        """Names of the backbone's modules that none of our poolers reads (kept: loading and exports use
+        them). They are frozen and get no LoRA adapter, else DDP stops on parameters without a gradient."""
+        return []
+
     def prepare_backbone(self, backbone: PreTrainedModel) -> None:
-        """Freeze what no pooler reads (else DDP stops on parameters without a gradient)."""
+        for name in self.unread_modules(backbone):
+            backbone.get_submodule(name).requires_grad_(False)
 
     # ----- what a method may ask for -------------------------------------------------------
     def pooler_refusal(self, pooler: str) -> str | None:

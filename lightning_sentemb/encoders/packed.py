@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -167,8 +168,10 @@ def sentence_attention(
         value = torch.cat([prefix[1].to(value.dtype), value], dim=2)
         seen = mask.new_ones(*mask.shape[:-1], prefix[0].shape[2])
         mask = torch.cat([seen, mask], dim=-1)
-    if kv_heads != heads:
-        key, value = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (key, value))
+    if kv_heads != heads:  # each key/value head serves heads // kv_heads query heads (expand: a cheap backward)
+        batch, _, key_length, head_dim = key.shape
+        key, value = (t[:, :, None].expand(batch, kv_heads, heads // kv_heads, key_length, head_dim)
+                      .reshape(batch, heads, key_length, head_dim) for t in (key, value))
     if dropout_p > 0 and query.device.type == "cpu":
         context = cpu_dropout_attention(query, key, value, mask, dropout_p, scale)
     else:
@@ -212,14 +215,21 @@ def packed_forward(
 
     `position_ids`: (batch, width) as the padded forward would use them (the family's
     `position_ids`); `prefix`: per-layer prefix keys/values; `layer_fn` is the family's
-    `packed_layer` or a compiled copy of it."""
+    `packed_layer` or a compiled copy of it. Layers the backbone checkpoints
+    (`gradient_checkpointing_enable`) are checkpointed here too, in training."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("give exactly one of input_ids and inputs_embeds")
     layer_fn = layer_fn or family.packed_layer
     hidden, context = family.packed_embed(backbone, layout, input_ids, inputs_embeds, layout.pack(position_ids))
     states = [hidden]
     for index, layer in enumerate(family.layers(backbone)):
-        hidden = layer_fn(layer, hidden, layout, context, None if prefix is None else prefix[index])
+        layer_prefix = None if prefix is None else prefix[index]
+        if layer.gradient_checkpointing and layer.training and torch.is_grad_enabled():
+            # the backbone's gradient checkpointing switch (HF's per-layer flag): recompute the layer in
+            # backward, under the random state of its forward (same dropout masks)
+            hidden = checkpoint(layer_fn, layer, hidden, layout, context, layer_prefix, use_reentrant=False)
+        else:
+            hidden = layer_fn(layer, hidden, layout, context, layer_prefix)
         states.append(hidden)
     last = family.packed_final(backbone, hidden)
     if output_hidden_states:

@@ -7,15 +7,19 @@ deep prefix); everything else — loading, pooling, batching for evaluation — 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from ..backbones import UnsupportedBackbone, family_of, with_dropout
+from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
 from .packed import TokenLayout, layout_of, packed_forward
 
@@ -145,21 +149,48 @@ def _looks_like_folder(name: str) -> bool:
     return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
-def load_pretrained(loader: Any, name: str, **kwargs: Any) -> Any:
-    """`loader.from_pretrained(..., **kwargs)` for backbone `name` (hub id, folder or `pkg:MODULE`), with
-    one clear error naming the model, the cause and what to pass instead, in place of the hub's
-    tracebacks."""
+def load_pretrained(loader: Any, name: str, **options: Any) -> Any:
+    """`loader.from_pretrained(..., **options)` for backbone `name` (hub id, folder or `pkg:MODULE`), with one
+    clear error naming the model, the cause and what to pass instead, in place of the hub's tracebacks.
+    A folder holding a peft adapter (`adapter_config.json`, e.g. `sentemb export --adapter-only`) loads
+    through transformers' peft integration: its base model plus the adapter."""
     path = resolve_model_path(name)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+    model_files = ("config.json", "adapter_config.json")
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, file)) for file in model_files):
         raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
                                f"{BACKBONE_HINT}")
     if not os.path.exists(path) and _looks_like_folder(path):
         raise SentEmbUserError(f"backbone {name!r}: folder {path} does not exist; {BACKBONE_HINT}")
     try:
-        return loader.from_pretrained(path, **kwargs)
+        return loader.from_pretrained(path, **options)
     except (OSError, ValueError) as error:
         cause = " ".join(str(error).split())
         raise SentEmbUserError(f"backbone {name!r} is not available ({cause[:300]}); {BACKBONE_HINT}") from error
+
+
+def load_config(name: str) -> PreTrainedConfig:
+    """The backbone's config (hub id, folder or `pkg:MODULE`); a peft adapter folder's is its base model's."""
+    path = resolve_model_path(name)
+    adapter = os.path.join(path, "adapter_config.json")
+    if os.path.isfile(adapter) and not os.path.isfile(os.path.join(path, "config.json")):
+        with open(adapter) as file:
+            name = json.load(file)["base_model_name_or_path"]
+    return load_pretrained(AutoConfig, name)
+
+
+# from_pretrained options of the backbone weights (dtype, 4-bit quantization) for the encoders built in
+# `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no method passes them on.
+_BACKBONE_OPTIONS: ContextVar[dict[str, Any]] = ContextVar("backbone_options", default={})
+
+
+@contextmanager
+def backbone_loading(**options: Any) -> Iterator[None]:
+    """Encoders built inside load their backbone with `from_pretrained(..., **options)`."""
+    token = _BACKBONE_OPTIONS.set(options)
+    try:
+        yield
+    finally:
+        _BACKBONE_OPTIONS.reset(token)
 
 
 class Encoder(nn.Module):
@@ -171,9 +202,8 @@ class Encoder(nn.Module):
 
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
-    head whose decoder is tied to the word embeddings. `dropout` sets every dropout probability of the
-    backbone's config (None: the checkpoint's own; decoders and ModernBERT ship with 0, which leaves
-    SimCSE's dropout views identical).
+    head whose decoder is tied to the word embeddings. The backbone's weights load with the options of
+    the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without.
 
     Speed switches (set by the method from `padding_free` / `compile_layers`, see `configure_speed`):
     the padding-free forward (`encoders.packed`) is on by default wherever it is exact; the MLM
@@ -190,7 +220,6 @@ class Encoder(nn.Module):
         pooler: str = "cls",
         with_mlm_head: bool = False,
         first_hidden_index: int = 1,
-        dropout: float | None = None,
     ) -> None:
         super().__init__()
         if pooler not in POOLERS:
@@ -201,19 +230,18 @@ class Encoder(nn.Module):
         self.name_or_path = backbone
         self.pooler = pooler
         self.first_hidden_index = first_hidden_index
-        family = family_of(load_pretrained(AutoConfig, backbone))
+        family = family_of(load_config(backbone))
         refusal = family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         family.prepare_tokenizer(self.tokenizer)
-        options = with_dropout({}, family, dropout)
         if with_mlm_head:
-            self.mlm_model = load_pretrained(AutoModelForMaskedLM, backbone, **options)
+            self.mlm_model = load_pretrained(AutoModelForMaskedLM, backbone, **_BACKBONE_OPTIONS.get())
             self.backbone = self.mlm_model.base_model
         else:
             self.mlm_model = None
-            self.backbone = load_pretrained(AutoModel, backbone, **options)
+            self.backbone = load_pretrained(AutoModel, backbone, **_BACKBONE_OPTIONS.get())
         self.family = family_of(self.backbone.config)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.

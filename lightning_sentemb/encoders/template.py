@@ -208,9 +208,8 @@ class TemplateEncoder(Encoder):
     combine_keys = ("bias_index",)
     reads_templates = True
 
-    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform",
-                 dropout: float | None = None) -> None:
-        super().__init__(backbone, pooler="mask", dropout=dropout)
+    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform") -> None:
+        super().__init__(backbone, pooler="mask")
         refusal = self.family.template_refusal(self.tokenizer)
         if refusal is not None:
             raise UnsupportedBackbone(refusal)

@@ -41,11 +41,12 @@ def check_export_folder(out_dir: str | os.PathLike) -> Path:
     return out_dir
 
 
-def export(method: SentEmbMethod, out_dir: str | os.PathLike) -> Path:
+def export(method: SentEmbMethod, out_dir: str | os.PathLike, adapter_only: bool = False) -> Path:
     """Write the export into a staging folder beside `out_dir` and rename it into place only when
     complete (a kill leaves no `out_dir`, never a half-written one); folder and files get the
-    permissions `cp` would give them under the umask."""
+    permissions `cp` would give them under the umask. LoRA adapters are merged into the backbone, or
+    with `adapter_only` written as peft's adapter folder (the base model named, not copied)."""
     out_dir = check_export_folder(out_dir)
     with atomic_directory(out_dir) as staging:
-        method.write_export(staging)
+        method.write_export(staging, adapter_only)
     return out_dir

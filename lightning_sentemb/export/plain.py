@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import save_file
 
+from ..encoders.lora import save_backbone
+
 if TYPE_CHECKING:
     from ..methods.base import SentEmbMethod
 
@@ -34,16 +36,23 @@ def _layer_weights(method: SentEmbMethod) -> tuple[int, list[float]] | None:
     return None
 
 
-def write_plain_export(method: SentEmbMethod, folder: Path) -> None:
-    """Backbone, tokenizer and the sentence-transformers pooling stack for plain poolers."""
+def write_plain_export(method: SentEmbMethod, folder: Path, adapter_only: bool = False) -> None:
+    """Backbone (LoRA adapters merged, or with `adapter_only` peft's adapter folder), tokenizer and the
+    sentence-transformers pooling stack for plain poolers. An adapter folder keeps the base model's
+    config, so the per-layer states that WeightedLayerPooling reads are asked for in
+    sentence_bert_config.json, and its backbone pooler is the base's (the Dense module applies the MLP)."""
     backbone = method.encoder.backbone
     if method.eval_mlp is not None and getattr(backbone, "pooler", None) is not None:
         backbone.pooler.dense.load_state_dict(method.eval_mlp[0].state_dict())
-    backbone.config.output_hidden_states = _layer_weights(method) is not None
-    backbone.save_pretrained(folder)
+    output_hidden_states = _layer_weights(method) is not None
+    backbone.config.output_hidden_states = output_hidden_states
+    save_backbone(backbone, folder, adapter_only)
     method.tokenizer.save_pretrained(folder)
     modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
-    write_json(folder / "sentence_bert_config.json", {"max_seq_length": method.encoder.max_length, "do_lower_case": False})
+    st_config = {"max_seq_length": method.encoder.max_length, "do_lower_case": False}
+    if adapter_only and output_hidden_states:
+        st_config["config_kwargs"] = {"output_hidden_states": True}
+    write_json(folder / "sentence_bert_config.json", st_config)
     write_pooling_modules(method, folder, modules)
 
 

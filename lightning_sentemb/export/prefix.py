@@ -18,7 +18,10 @@ from ..encoders.plain import load_pretrained
 from ..encoders.prefix import PositionOffset, PrefixedBackbone
 from .st_module import SentEmbSTModule
 
-__all__ = ["PrefixedTransformer"]
+__all__ = ["SAME_FOLDER", "PrefixedTransformer"]
+
+# `backbone` of an export that holds its backbone itself (DCPCSE with LoRA: merged, or a peft adapter)
+SAME_FOLDER = "."
 
 
 class PrefixedTransformer(SentEmbSTModule):
@@ -26,7 +29,8 @@ class PrefixedTransformer(SentEmbSTModule):
     `output_hidden_states`) over the sentence tokens only, so the standard Pooling modules follow.
 
     Args:
-        backbone: hub name, folder or `pkg:MODULE` of the frozen model the prefix was trained on.
+        backbone: hub name, folder or `pkg:MODULE` of the frozen model the prefix was trained on;
+            `SAME_FOLDER` in a saved config: the export folder itself.
         prefix_len, projection, projection_hidden_size, position_offset: as in `PrefixedBackbone`.
         max_seq_length: truncation in tokens, special tokens included.
         output_hidden_states: also return every layer (for WeightedLayerPooling).
@@ -89,6 +93,8 @@ class PrefixedTransformer(SentEmbSTModule):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], folder: str) -> PrefixedTransformer:
+        if config["backbone"] == SAME_FOLDER:
+            config = {**config, "backbone": folder}
         return cls(**config)
 
 

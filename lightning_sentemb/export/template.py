@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
+from ..encoders.lora import is_adapter_folder, save_backbone
 from ..encoders.template import TemplateEncoder
 from .plain import write_json
 from .st_module import SentEmbSTModule
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
 class TemplateSentenceEncoder(SentEmbSTModule):
     """Template + backbone + [MASK] pooling (+ denoising, + MLP) as a sentence-transformers module.
 
-    Saved in the model's root: the backbone and tokenizer files, `sentemb_template_config.json` and
-    `sentemb_template.safetensors` (prompt vectors and MLP, when there are any).
+    Saved in the model's root: the backbone (LoRA adapters merged, or with `adapter_only` peft's adapter
+    folder) and tokenizer files, `sentemb_template_config.json` and `sentemb_template.safetensors` (prompt
+    vectors and MLP, when there are any).
     """
 
     config_file_name = "sentemb_template_config.json"
@@ -35,9 +37,11 @@ class TemplateSentenceEncoder(SentEmbSTModule):
     config_keys: ClassVar[list[str]] = ["template", "denoise", "max_seq_length", "mlp"]
 
     def __init__(
-        self, encoder: TemplateEncoder, denoise: bool, max_seq_length: int, mlp: nn.Module | None = None
+        self, encoder: TemplateEncoder, denoise: bool, max_seq_length: int, mlp: nn.Module | None = None,
+        adapter_only: bool = False,
     ) -> None:
         super().__init__()
+        self.adapter_only = adapter_only
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
         self.template = encoder.format.templates[0].text
@@ -74,7 +78,7 @@ class TemplateSentenceEncoder(SentEmbSTModule):
         self.load_state_dict({**self.state_dict(), **weights})
 
     def save(self, output_path: str, *args: Any, **kwargs: Any) -> None:
-        self.encoder.backbone.save_pretrained(output_path)
+        save_backbone(self.encoder.backbone, output_path, self.adapter_only)
         self.tokenizer.save_pretrained(output_path)
         super().save(output_path)
 
@@ -82,11 +86,12 @@ class TemplateSentenceEncoder(SentEmbSTModule):
     def from_config(cls, config: dict[str, Any], folder: str) -> TemplateSentenceEncoder:
         encoder = TemplateEncoder(folder, [config["template"]])
         mlp = nn.Sequential(nn.Linear(encoder.hidden_size, encoder.hidden_size), nn.Tanh()) if config["mlp"] else None
-        return cls(encoder, config["denoise"], config["max_seq_length"], mlp)
+        return cls(encoder, config["denoise"], config["max_seq_length"], mlp, adapter_only=is_adapter_folder(folder))
 
 
-def write_template_export(method: PromptMethod, folder: Path) -> None:
+def write_template_export(method: PromptMethod, folder: Path, adapter_only: bool = False) -> None:
     """The method's evaluation-time embedding (template 0, `denoise_test`, MLP if mlp='always')."""
-    module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, method.eval_length, method.eval_mlp)
+    module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, method.eval_length, method.eval_mlp,
+                                     adapter_only)
     module.save(str(folder))
     write_json(folder / "modules.json", [TemplateSentenceEncoder.modules_entry()])

@@ -1,4 +1,5 @@
-"""The shared LightningModule: optimizer and schedule, MLM auxiliary loss, encode, STS validation.
+"""The shared LightningModule: optimizer and schedule, MLM auxiliary loss, encode, STS validation,
+LoRA and the memory switches, checkpoints.
 
 A method subclasses `SentEmbMethod` and contributes only what makes it different:
 `build_encoder` (input format), `collate` (the views of a training example) and `embedding_loss`
@@ -8,10 +9,12 @@ A method subclasses `SentEmbMethod` and contributes only what makes it different
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -19,14 +22,18 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from tqdm.auto import tqdm
-from transformers import AutoConfig, get_linear_schedule_with_warmup
+from transformers import get_linear_schedule_with_warmup
+from transformers.utils import cached_file
 
+from ..backbones import UnsupportedBackbone, family_of, with_dropout
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
-from ..backbones import UnsupportedBackbone, family_of
-from ..encoders.plain import Encoder, load_pretrained
+from ..encoders.lora import LoraSettings, add_lora, peft_base_reference
+from ..encoders.memory import DTYPES, BackboneDtype, enable_gradient_checkpointing, from_pretrained_options
+from ..encoders.plain import Encoder, backbone_loading, load_config, resolve_model_path
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import evaluate_suite, headline_scores
 from ..errors import SentEmbUserError
@@ -79,6 +86,21 @@ class SentEmbMethod(LightningModule):
             with a logged reason.
         compile_layers: `torch.compile` the padding-free layer (dynamic token counts: no recompile
             per batch length). Off by default: compiling costs minutes and pays only on long runs.
+        lora: LoRA adapters through peft, `{r, alpha, dropout, target_modules}` (see
+            `encoders.lora.LoraSettings`; missing keys take the PromptEOL reference's r 64, alpha 16,
+            dropout 0.05, all-linear); null = off. The backbone is frozen: only the adapters and the
+            method's own heads (MLP, prompt vectors, prefix, MLM head transform, centroids) train.
+        gradient_checkpointing: recompute each backbone layer in backward instead of keeping its
+            activations (padded and padding-free forwards; same loss and gradients).
+        backbone_dtype: fp32 | bf16 | fp16, the dtype of the backbone's frozen weights (a frozen backbone
+            only: LoRA or DCPCSE); what trains stays fp32. Training then needs
+            `trainer.precision: bf16-mixed` / `16-mixed`, and evaluation autocasts to it.
+        load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
+            extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
+
+    Checkpoints of a frozen backbone (LoRA, DCPCSE) hold only what trains plus the state outside the
+    encoder: `backbone` names the rest, rebuilt at load and checked against the identity stored with it
+    (name and config.json hash).
     """
 
     def __init__(
@@ -99,19 +121,43 @@ class SentEmbMethod(LightningModule):
         grad_cache_chunk: int = 0,
         padding_free: bool = True,
         compile_layers: bool = False,
+        lora: LoraSettings | None = None,
+        gradient_checkpointing: bool = False,
+        backbone_dtype: BackboneDtype = "fp32",
+        load_in_4bit: bool = False,
         dropout: float | None = None,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
             raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
-        self.family = family_of(load_pretrained(AutoConfig, backbone))
+        self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
+        options = with_dropout(from_pretrained_options(backbone_dtype, load_in_4bit), self.family, dropout)
         try:
-            self.encoder = self.build_encoder()
+            with backbone_loading(**options):
+                self.encoder = self.build_encoder()
         except UnsupportedBackbone as refusal:
             raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
+        # frozen by the method (DCPCSE) or by LoRA below
+        self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
+        if not self.backbone_frozen and (backbone_dtype != "fp32" or load_in_4bit):
+            option = "load_in_4bit" if load_in_4bit else f"backbone_dtype {backbone_dtype}"
+            raise SentEmbUserError(
+                f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
+                "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
+                "use trainer.precision bf16-mixed)"
+            )
+        if lora is not None:
+            add_lora(self.encoder.backbone, lora, peft_base_reference(backbone),
+                     self.encoder.family.unread_modules(self.encoder.backbone))
+        for parameter in self.encoder.parameters():  # adapters and heads of a low-precision backbone
+            if parameter.requires_grad and parameter.dtype != torch.float32:
+                parameter.data = parameter.data.float()
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(self.encoder.backbone)
         self.encoder.configure_speed(padding_free, compile_layers)
+        self.backbone_identity = backbone_identity(backbone)
         hidden = self.encoder.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp != "none" else None
         self.sts_metrics = nn.ModuleDict(
@@ -138,8 +184,7 @@ class SentEmbMethod(LightningModule):
 
     def build_encoder(self) -> Encoder:
         """The backbone with this method's input format; plain `[CLS] s [SEP]` by default."""
-        return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0,
-                       dropout=self.hparams.dropout)
+        return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         """Training batch from tokenized examples (runs in DataLoader workers)."""
@@ -287,11 +332,29 @@ class SentEmbMethod(LightningModule):
         backward(loss + sum(p.sum() * 0 for p in trainable))
         return loss.detach(), logs
 
+    def on_fit_start(self) -> None:
+        rank_zero_info(f"{type(self).__name__}: {self.trainable_summary()}")
+
+    def trainable_summary(self) -> str:
+        """How many parameters train, of how many (4-bit weights counted unpacked)."""
+        sizes = {id(p): (unpacked_numel(p), p.requires_grad) for p in self.parameters()}.values()
+        total = sum(n for n, _ in sizes)
+        trainable = sum(n for n, grad in sizes if grad)
+        return f"{trainable:,} trainable parameters of {total:,} ({100 * trainable / total:.3g}%)"
+
     def configure_callbacks(self) -> list:
         """No callbacks of its own (ClusterNS adds K-means); refuses trainer options that gradient
-        caching cannot honour, before Lightning's own, less specific, check."""
+        caching or a low-precision backbone cannot honour, before Lightning's own, less specific, check."""
         trainer = self._trainer
-        if self.hparams.grad_cache_chunk and trainer is not None and trainer.state.fn == "fit":
+        fitting = trainer is not None and trainer.state.fn == "fit"
+        dtype = self.hparams.backbone_dtype
+        if dtype != "fp32" and fitting and not str(trainer.precision).endswith("-mixed"):
+            raise SentEmbUserError(
+                f"model.init_args.backbone_dtype {dtype} keeps the frozen weights in {dtype} and what trains in fp32, "
+                f"which run together under mixed precision: set trainer.precision {'bf16' if dtype == 'bf16' else '16'}"
+                f"-mixed (got {trainer.precision})"
+            )
+        if self.hparams.grad_cache_chunk and fitting:
             if trainer.gradient_clip_val:
                 raise SentEmbUserError(
                     f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not supported with "
@@ -351,13 +414,21 @@ class SentEmbMethod(LightningModule):
         order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
         out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
-        with autocast_for(self.device, self.hparams.eval_precision):
+        with self.eval_autocast():
             for start in tqdm(range(0, len(sentences), batch_size), desc=label, disable=not show):
                 rows = order[start : start + batch_size]
                 features = self.features_from_ids([sentence_ids[i] for i in rows])
                 out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()
         self.train(was_training)
         return out
+
+    def eval_autocast(self) -> torch.autocast:
+        """`eval_precision`'s autocast; with a bf16/fp16 backbone, autocast to its dtype (its fp32 heads
+        need it)."""
+        dtype = DTYPES[self.hparams.backbone_dtype]
+        if dtype != torch.float32:
+            return torch.autocast(self.device.type, dtype=dtype)
+        return autocast_for(self.device, self.hparams.eval_precision)
 
     @property
     def output_size(self) -> int:
@@ -420,15 +491,69 @@ class SentEmbMethod(LightningModule):
         if self.trainer.is_global_zero:
             print("\n" + format_table({type(self).__name__: self.test_results}), flush=True)
 
+    # ----- checkpoints ----------------------------------------------------------------------
+    def trainable_state_keys(self) -> set[str]:
+        """state_dict names of what a checkpoint of a frozen backbone keeps: the trainable tensors (every
+        name of a shared one) and the state outside the encoder (e.g. ClusterNS's centroids)."""
+        trainable = {name for name, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
+        return trainable | {name for name in self.state_dict() if not name.startswith("encoder.")}
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Record the method class so `sentemb evaluate/export` can rebuild it from the file alone."""
+        """Record the method class (so `sentemb evaluate/export` rebuild it from the file alone) and the
+        backbone's identity; drop a frozen backbone (hyper-parameter `backbone` names it)."""
         checkpoint["sentemb_method"] = f"{type(self).__module__}.{type(self).__qualname__}"
         checkpoint["sentemb_run_seed"] = self.run_seed
+        checkpoint["sentemb_backbone"] = self.backbone_identity
+        if self.backbone_frozen:
+            keep = self.trainable_state_keys()
+            checkpoint["state_dict"] = {name: t for name, t in checkpoint["state_dict"].items() if name in keep}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A resumed run keeps the seed of the run it continues."""
+        """A resumed run keeps the seed of the run it continues. A checkpoint of a frozen backbone needs the
+        very base it was trained on: a different config.json is one line."""
         self._run_seed = checkpoint.get("sentemb_run_seed", self._run_seed)
+        saved = checkpoint.get("sentemb_backbone")
+        if self.backbone_frozen and saved and saved["config_sha256"] != self.backbone_identity["config_sha256"]:
+            raise SentEmbUserError(
+                f"the checkpoint holds adapters/prefixes trained on backbone {saved['name']!r} (config "
+                f"{str(saved['config_sha256'])[:12]}), but model.init_args.backbone {self.hparams.backbone!r} is a "
+                f"different model (config {str(self.backbone_identity['config_sha256'])[:12]}); point it to the model "
+                "the checkpoint was trained on"
+            )
 
-    def write_export(self, folder: Path) -> None:
-        """Write this method as a HF + sentence-transformers folder (prompt formats override)."""
-        write_plain_export(self, folder)
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        """A frozen backbone's checkpoint holds exactly `trainable_state_keys`: those are loaded (strictly:
+        a missing or unknown name is an error) and the frozen weights stay as loaded from `backbone`."""
+        if not (self.backbone_frozen and strict):
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        missing = sorted(self.trainable_state_keys() - state_dict.keys())
+        unexpected = sorted(state_dict.keys() - self.state_dict().keys())
+        if missing or unexpected:
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: Missing key(s) {missing}; "
+                               f"unexpected key(s) {unexpected}")
+        return super().load_state_dict(state_dict, strict=False, assign=assign)
+
+    def write_export(self, folder: Path, adapter_only: bool = False) -> None:
+        """Write this method as a HF + sentence-transformers folder (prompt formats override); LoRA
+        adapters merged into the backbone, or with `adapter_only` as peft's adapter folder."""
+        write_plain_export(self, folder, adapter_only)
+
+
+def backbone_identity(name: str) -> dict[str, str | None]:
+    """The backbone as a checkpoint remembers it: its name and the SHA-256 of its config.json (parsed,
+    without the keys saving rewrites), None where it has none (an adapter folder)."""
+    path = cached_file(resolve_model_path(name), "config.json", _raise_exceptions_for_missing_entries=False)
+    digest = None
+    if path is not None:
+        config = json.loads(Path(path).read_text())
+        for key in ("_name_or_path", "transformers_version"):
+            config.pop(key, None)
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    return {"name": name, "config_sha256": digest}
+
+
+def unpacked_numel(parameter: Tensor) -> int:
+    """Elements of a parameter; bitsandbytes' 4-bit weights pack two in a byte (their quant state keeps
+    the shape)."""
+    quant_state = getattr(parameter, "quant_state", None)
+    return math.prod(quant_state.shape) if quant_state is not None else parameter.numel()

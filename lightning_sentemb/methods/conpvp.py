@@ -90,7 +90,7 @@ class ConPVP(PromptMethod):
         h = self.hparams
         anchor = h.anchor_template or "[X]" + " [P]" * h.prompt_length + " [MASK] ."
         templates = [anchor, *h.positive_templates, *h.negative_templates]
-        return TemplateEncoder(h.backbone, templates, h.prompt_init, dropout=h.dropout)
+        return TemplateEncoder(h.backbone, templates, h.prompt_init)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         n = len(examples)

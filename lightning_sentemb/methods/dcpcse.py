@@ -21,8 +21,9 @@ Paper / reference (github.com/YJiangcm/DCPCSE, now PromCSE) details, and the cho
   reuses the CL forward's draw: same expected gradient, and every forward keeps a fresh prefix cache.
 - Supervised: SimCSE's NLI triplets; `hinge_weight` > 0 adds the reference's energy-based hinge
   (`losses.energy_hinge`; its runs use margin 0.2, weight 10).
-- Checkpoints hold only the trainable tensors; `backbone` (a hyper-parameter) names what they attach
-  to, and loading re-attaches the frozen backbone. Exports hold the prefix and that reference.
+- Checkpoints hold only the trainable tensors (`SentEmbMethod`'s rule for a frozen backbone); `backbone`
+  (a hyper-parameter) names what they attach to. Exports hold the prefix and that reference (with LoRA
+  on top, the backbone itself, merged or as an adapter).
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from torch import Tensor
 from transformers import PreTrainedConfig
 
 from ..backbones import UnsupportedBackbone
+from ..encoders.lora import has_lora, save_backbone
 from ..encoders.plain import Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
+from ..errors import SentEmbUserError
 from ..export import write_pooling_modules
 from ..losses.energy_hinge import InfoNCEHingeLoss
 from .simcse import SimCSE
@@ -65,9 +68,8 @@ class PrefixTunedEncoder(Encoder):
         projection_hidden_size: int = 512,
         dropout: float | None = None,
         position_offset: PositionOffset = "shifted",
-        backbone_dropout: float | None = None,
     ) -> None:
-        super().__init__(backbone, pooler, with_mlm_head, dropout=backbone_dropout)
+        super().__init__(backbone, pooler, with_mlm_head)
         refusal = self.family.prefix_refusal()
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
@@ -152,6 +154,14 @@ class DCPCSE(SimCSE):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, lr=lr, **kwargs)
+        if self.hparams.gradient_checkpointing and (not self.encoder.padding_free or self.hparams.mlm_weight > 0):
+            # transformers' checkpointed layers drop the key/value cache that carries the prefix on the
+            # padded forward (and the MLM forward is padded); the packed forward checkpoints with it
+            raise SentEmbUserError(
+                "model.init_args.gradient_checkpointing: DCPCSE's prefix reaches the padded forward through the "
+                "key/value cache, which transformers' checkpointing drops; use it with padding_free true (on a "
+                "backbone the padding-free forward supports) and mlm_weight 0, or turn it off"
+            )
         if hinge_weight > 0:
             self.loss_fn = InfoNCEHingeLoss(
                 self.hparams.temperature, self.hparams.hard_negative_weight, hinge_margin, hinge_weight
@@ -161,44 +171,28 @@ class DCPCSE(SimCSE):
         hp = self.hparams
         return PrefixTunedEncoder(
             hp.backbone, hp.pooler, hp.mlm_weight > 0, hp.prefix_len, hp.prefix_projection,
-            hp.prefix_hidden_size, hp.prefix_dropout, hp.position_offset, hp.dropout,
+            hp.prefix_hidden_size, hp.prefix_dropout, hp.position_offset,
         )
 
     def mlm_weight_at(self, step: int) -> float:
         """λ = mlm_weight · decay_rate^(step / decay_steps): the MLM weight decays exponentially."""
         return self.hparams.mlm_weight * self.hparams.mlm_decay_rate ** (step / self.hparams.mlm_decay_steps)
 
-    # ----- checkpoints: the trainable part only ---------------------------------------------
-    def trainable_state_keys(self) -> set[str]:
-        """state_dict names of what a checkpoint keeps: the trainable tensors (every name of a shared
-        one) and the state outside the encoder (e.g. ClusterNS's centroids)."""
-        trainable = {name for name, p in self.named_parameters(remove_duplicate=False) if p.requires_grad}
-        return trainable | {name for name in self.state_dict() if not name.startswith("encoder.")}
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Drop the frozen backbone from the checkpoint (hyper-parameter `backbone` names it)."""
-        super().on_save_checkpoint(checkpoint)
-        keep = self.trainable_state_keys()
-        checkpoint["state_dict"] = {name: t for name, t in checkpoint["state_dict"].items() if name in keep}
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Re-attach the frozen backbone this module was built with (loaded from `backbone`), so strict
-        loading passes and still reports any missing or unexpected trainable tensor."""
-        super().on_load_checkpoint(checkpoint)
-        state = checkpoint["state_dict"]
-        trainable = self.trainable_state_keys()
-        for name, tensor in self.state_dict().items():
-            if name not in trainable:
-                state.setdefault(name, tensor)
-
-    def write_export(self, folder: Path) -> None:
+    def write_export(self, folder: Path, adapter_only: bool = False) -> None:
         """sentence-transformers folder: `PrefixedTransformer` (prefix weights + backbone reference,
-        no backbone weights), then the pooling stack. Load with `trust_remote_code=True`."""
-        from ..export.prefix import PrefixedTransformer, prefix_weights
+        no backbone weights), then the pooling stack. Load with `trust_remote_code=True`. With LoRA the
+        backbone is in the folder (merged, or `adapter_only` as peft's adapter) and the reference is the
+        folder itself."""
+        from ..export.prefix import SAME_FOLDER, PrefixedTransformer, prefix_weights
 
         hp = self.hparams
+        reference = backbone_reference(hp.backbone)
+        if adapter_only or has_lora(self.encoder.backbone):
+            save_backbone(self.encoder.backbone, folder, adapter_only)
+            self.tokenizer.save_pretrained(folder)
+            reference = SAME_FOLDER
         config = {
-            "backbone": backbone_reference(hp.backbone),
+            "backbone": reference,
             "prefix_len": hp.prefix_len,
             "projection": hp.prefix_projection,
             "projection_hidden_size": hp.prefix_hidden_size,

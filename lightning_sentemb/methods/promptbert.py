@@ -98,10 +98,10 @@ class PromptMethod(SimCSE):
         """Evaluation inputs: template 0, bias rows when the running stage denoises."""
         return self.encoder.format.build(sentence_ids, self.eval_length, denoise=self.eval_denoise())
 
-    def write_export(self, folder: Path) -> None:
+    def write_export(self, folder: Path, adapter_only: bool = False) -> None:
         from ..export.template import write_template_export
 
-        write_template_export(self, folder)
+        write_template_export(self, folder, adapter_only)
 
 
 class PromptBERT(PromptMethod):
@@ -127,7 +127,7 @@ class PromptBERT(PromptMethod):
 
     def build_encoder(self) -> TemplateEncoder:
         templates = self.hparams.templates or default_templates(self.family)
-        return TemplateEncoder(self.hparams.backbone, templates, dropout=self.hparams.dropout)
+        return TemplateEncoder(self.hparams.backbone, templates)
 
     def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         n = len(examples)
