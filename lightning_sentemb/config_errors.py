@@ -53,9 +53,10 @@ def config_files_in(args: Sequence[str]) -> list[str]:
 def describe_parse_error(message: str, keys: Iterable[str], config_files: Sequence[str] = ()) -> str:
     """One line for jsonargparse's `message`; `keys` are the options the (sub)command accepts (for
     suggestions), `config_files` the `-c` files, to say which one holds an unknown key."""
-    unknown = re.search(r"does not accept option '([^']+)'|Option '([^']+)' is not accepted before", message)
+    unknown = re.search(r"does not accept option '([^']+)'|Option '([^']+)' is not accepted before"
+                        r"|^unrecognized arguments: --(\S+)", message)
     if unknown and "Parser key" not in message:
-        key = unknown.group(1) or unknown.group(2)
+        key = next(group for group in unknown.groups() if group).split("=")[0]
         where = next((f"in {file}" for file in config_files if _yaml_has_key(file, key)), "on the command line")
         return f"unknown key `{key}` ({where}){_suggestion(key, keys)}"
     outer = re.match(r'Parser key "([^"]+)"', message)

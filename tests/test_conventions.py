@@ -1,0 +1,191 @@
+"""What a researcher expects of the conventions (issue 20): one-line config errors, presets that
+compose, model cards, a resume that looks exact, fast help, readable figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from lightning.pytorch import Callback
+
+from lightning_sentemb.cli import main
+from lightning_sentemb.lightning_cli import lightning_main
+from tests.test_first_hour import error_line
+from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, corpus, run_args  # noqa: F401 (corpus: a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "experiments" / "demo" / "simcse.yaml"
+
+
+# ----- one-line config errors ---------------------------------------------------------------------
+def edited_demo(tmp_path: Path, old: str, new: str) -> str:
+    """The demo config with one text edit (a typo, a bad value), as a user would make it."""
+    text = DEMO.read_text()
+    assert old in text
+    path = tmp_path / "config.yaml"
+    path.write_text(text.replace(old, new))
+    return str(path)
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("temperature:", "temprature:", "model.init_args.temprature: SimCSE has no such argument; "
+                                    "did you mean `temperature`?"),
+    ("  max_steps:", "  max_step:", "unknown key `trainer.max_step` (in {config}); did you mean `trainer.max_steps`?"),
+    ("trainer:", "tranier:", "unknown key `tranier.max_steps` (in {config}); did you mean `trainer.max_steps`?"),
+    ("pooler: avg", "pooler: mean", "model.init_args.pooler: 'mean' is not allowed; choose one of cls, "
+                                    "cls_before_pooler, avg, avg_first_last, avg_top2, mask"),
+    ("mlp: none", "mlp: never", "model.init_args.mlp: 'never' is not allowed; choose one of none, train, always"),
+    ("temperature: 0.05", "temperature: hot", "model.init_args.temperature: expected a float, got 'hot'"),
+    ("SimCSE", "SimCSF", "model: no class named 'SimCSF'; did you mean `SimCSE`?"),
+    ("eval_batch_size: 256", "eval_batch_size: 256\n  val_evaluators: [transfer, clusters]",
+     "data.val_evaluators: unknown evaluator(s) clusters; choose from sts, transfer, fewshot, cluster, analysis"),
+])
+def test_a_config_mistake_is_one_line_naming_the_key_and_the_fix(old, new, expected, tmp_path, capsys):
+    config = edited_demo(tmp_path, old, new)
+    assert error_line(capsys, "fit", "-c", config) == f"sentemb: error: {expected.format(config=config)}"
+
+
+def test_an_unknown_key_on_the_command_line_gets_the_closest_one(capsys):
+    line = error_line(capsys, "fit", "-c", str(DEMO), "--model.init_args.temprature", "0.1")
+    assert line == "sentemb: error: model.init_args.temprature: SimCSE has no such argument; did you mean `temperature`?"
+    line = error_line(capsys, "fit", "-c", str(DEMO), "--data.batch_sise", "8")
+    assert line == "sentemb: error: unknown key `data.batch_sise` (on the command line); did you mean `data.batch_size`?"
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, cwd=REPO,
+                          timeout=300)
+
+
+IMPORTS_AFTER = """
+import sys
+from lightning_sentemb.cli import main
+try:
+    main({args!r})
+except SystemExit as stop:
+    print("exit", stop.code)
+print("torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_a_missing_config_file_is_one_line_before_any_heavy_import():
+    result = run_python(IMPORTS_AFTER.format(args=["fit", "-c", "experiments/demo/simcs.yaml"]))
+    assert result.stderr.strip() == ("sentemb: error: config file experiments/demo/simcs.yaml does not exist; "
+                                     "did you mean experiments/demo/simcse.yaml?")
+    assert result.stdout.split("\n")[:2] == ["exit 2", "torch imported: False"]
+
+
+def test_an_unknown_subcommand_or_tool_option_is_one_line(capsys):
+    assert error_line(capsys, "fitt") == "sentemb: error: unknown subcommand 'fitt'; did you mean `fit`? " \
+                                         "`sentemb --help` lists them"
+    line = error_line(capsys, "evaluate", "--model", "x", "--pooler", "mean")
+    assert line.startswith("sentemb: error: sentemb evaluate: argument --pooler: invalid choice: 'mean'")
+
+
+# ----- fast help ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("tool", ["evaluate", "export", "data", "sweep", "reproduce"])
+def test_tool_help_does_not_import_torch(tool):
+    result = run_python(IMPORTS_AFTER.format(args=[tool, "--help"]))
+    assert result.stdout.startswith(f"usage: sentemb {tool}")
+    assert result.stdout.splitlines()[-2:] == ["exit 0", "torch imported: False"]
+
+
+def test_lightning_help_is_built_once_then_printed_without_torch(tmp_path):
+    first = run_python(IMPORTS_AFTER.format(args=["fit", "--help"]), SENTEMB_CACHE=str(tmp_path))
+    assert first.stdout.startswith("usage: sentemb [options] fit [-c CONFIG]")
+    assert "--model.help [CLASS_PATH_OR_NAME]" in first.stdout  # LightningCLI's own text
+    second = run_python(IMPORTS_AFTER.format(args=["fit", "--help"]), SENTEMB_CACHE=str(tmp_path))
+    assert second.stdout.splitlines()[-1] == "torch imported: False"
+    assert second.stdout.rsplit("exit", 1)[0] == first.stdout.rsplit("exit", 1)[0]
+
+
+# ----- resume ------------------------------------------------------------------------------------
+class ProgressTotals(Callback):
+    """(position in the epoch, the bar's total) after every training batch."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.seen.append((batch_idx + 1, trainer.progress_bar_callback.total_train_batches))
+
+
+def metrics_rows(root: Path) -> list[dict[str, str]]:
+    (version,) = (root / "lightning_logs").iterdir()  # one CSV version for the whole run
+    with (version / "metrics.csv").open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def without(args: list[str], *options: str) -> list[str]:
+    """`args` without the given options and their values."""
+    kept = []
+    for arg in args:
+        if kept and kept[-1] in options:
+            kept.pop()
+        else:
+            kept.append(arg)
+    return kept
+
+
+def test_a_resumed_run_looks_exact(tiny_bert, sts_fixture, corpus, tmp_path, capsys):
+    """No resumability warning, one CSV version holding the rows of an uninterrupted run, the
+    progress bar's total right in the resumed epoch, and the summary at the end."""
+    def args(root: Path) -> list[str]:
+        return [*without(run_args("simcse", tiny_bert, sts_fixture, corpus, root, 0), "--trainer.logger",
+                         "--trainer.enable_progress_bar"), "--trainer.log_every_n_steps", "1"]
+
+    lightning_main(["fit", *args(tmp_path / "reference")])
+    root = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        lightning_main(["fit", *args(root)], callbacks=[TerminateAt(KILL_AT)])
+    totals = ProgressTotals()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lightning_main(["fit", *args(root), "--ckpt_path", "last"], callbacks=[totals])
+    assert not [w for w in caught if "resumable" in str(w.message)]
+    # 5 batches an epoch: the resume continues epoch 0 at batch 4, then epoch 1 runs batches 1-2
+    assert totals.seen == [(4, 5), (5, 5), (1, 2), (2, 2)]
+    # the loss of the step SIGTERM interrupts is never logged (the stop comes before Lightning logs it)
+    interrupted_step = {"epoch": "0", "step": str(KILL_AT - 1)}
+    expected = [row for row in metrics_rows(tmp_path / "reference")
+                if not (row.items() >= interrupted_step.items() and row["train/loss"])]
+    assert metrics_rows(root) == expected
+    summary = capsys.readouterr().out.split("fit done:")[-1]
+    assert f"{MAX_STEPS} steps. Best STS-B dev" in summary
+    for path in (root / "checkpoints" / "best.ckpt", root / "checkpoints" / "last.ckpt",
+                 root / "lightning_logs" / "version_0" / "metrics.csv"):
+        assert str(path) in summary
+    assert f"sentemb export {root / 'checkpoints' / 'best.ckpt'} {root / 'export'}" in summary
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    from lightning_sentemb.loggers import ResumedRun, default_loggers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    csv_logger, wandb_logger = default_loggers(str(tmp_path), ResumedRun({"csv": 3, "wandb": "abc123"}, step=5))
+    assert csv_logger.version == 3
+    assert wandb_logger.version == "abc123" and wandb_logger._wandb_init["resume"] == "allow"
+
+
+def test_a_continued_metrics_file_drops_the_rows_the_resume_trains_again(tmp_path):
+    """After a hard kill, metrics.csv may hold rows logged after the last checkpoint: the resumed run
+    logs those steps again, so they go (train row of step k+1 is logged as step k, as Lightning does)."""
+    from lightning_sentemb.loggers import ContinuedCSVLogger
+
+    version = tmp_path / "lightning_logs" / "version_2"
+    version.mkdir(parents=True)
+    (version / "metrics.csv").write_text("epoch,step,train/loss\n" + "".join(f"0,{s},{s / 10}\n" for s in range(6)))
+    logger = ContinuedCSVLogger(str(tmp_path), version=2, step=3)
+    logger.log_metrics({"train/loss": 0.9}, step=3)
+    logger.save()
+    assert (version / "metrics.csv").read_text().splitlines() == [
+        "epoch,step,train/loss", "0,0,0.0", "0,1,0.1", "0,2,0.2", ",3,0.9"]
