@@ -189,3 +189,50 @@ def test_a_continued_metrics_file_drops_the_rows_the_resume_trains_again(tmp_pat
     logger.save()
     assert (version / "metrics.csv").read_text().splitlines() == [
         "epoch,step,train/loss", "0,0,0.0", "0,1,0.1", "0,2,0.2", ",3,0.9"]
+
+
+# ----- callback presets ----------------------------------------------------------------------------
+PRESETS = sorted((REPO / "callbacks").glob("*.yaml"))
+
+
+def test_every_preset_composes_with_the_others(capsys):
+    """All presets after one experiment: each keeps its callback (jsonargparse's `callbacks+:`)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "-c", str(DEMO), *(arg for preset in PRESETS for arg in ("-c", str(preset))), "--print_config"])
+    assert stop.value.code == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    names = [callback["class_path"].rsplit(".", 1)[1] for callback in config["trainer"]["callbacks"]]
+    assert names == ["DeviceStatsMonitor", "EarlyStopping", "EmbeddingSpaceMonitor", "LearningRateMonitor",
+                     "StepCheckpoints"]
+    assert config["data"]["val_evaluators"] == ["transfer", "cluster"]
+    assert {p.name for p in PRESETS} <= set((REPO / "callbacks" / "README.md").read_text().split("`"))
+
+
+class Callbacks(Callback):
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.names = [type(callback).__name__ for callback in trainer.callbacks]
+
+
+def test_two_presets_train_together_and_log_what_they_promise(tiny_bert, sts_fixture, tmp_path):
+    from lightning_sentemb.data.senteval import load_sts_task
+    from lightning_sentemb.evaluation.analysis import alignment_uniformity, encode_pairs
+    from lightning_sentemb.loading import load_method
+    from tests.test_resume import short_fit_args
+
+    seen = Callbacks()
+    lightning_main(["fit", *short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "3"),
+                    "-c", str(REPO / "callbacks" / "lr_monitor.yaml"),
+                    "-c", str(REPO / "callbacks" / "embedding_space.yaml")], callbacks=[seen])
+    assert {"LearningRateMonitor", "EmbeddingSpaceMonitor", "SentEmbCheckpoint", "TrainingGuard"} <= set(seen.names)
+    (version,) = (tmp_path / "lightning_logs").iterdir()
+    with (version / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert any(row.get("lr-AdamW") for row in rows)
+    logged = next(row for row in rows if row.get("val/alignment"))
+    # the same numbers as the analysis evaluator gives the trained model (last.ckpt: the validated state)
+    method = load_method(str(tmp_path / "checkpoints" / "last.ckpt"))
+    dev = load_sts_task("STSBenchmark-dev", sts_fixture)
+    first, second, distinct = encode_pairs(lambda sentences: method.encode(sentences).numpy(), dev.first, dev.second)
+    expected = alignment_uniformity(first, second, dev.gold, distinct)
+    assert float(logged["val/alignment"]) == pytest.approx(expected["alignment"], abs=1e-4)
+    assert float(logged["val/uniformity"]) == pytest.approx(expected["uniformity"], abs=1e-4)
