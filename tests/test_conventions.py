@@ -236,3 +236,54 @@ def test_two_presets_train_together_and_log_what_they_promise(tiny_bert, sts_fix
     expected = alignment_uniformity(first, second, dev.gold, distinct)
     assert float(logged["val/alignment"]) == pytest.approx(expected["alignment"], abs=1e-4)
     assert float(logged["val/uniformity"]) == pytest.approx(expected["uniformity"], abs=1e-4)
+
+
+# ----- exports -----------------------------------------------------------------------------------
+def front_matter(card: str) -> dict:
+    assert card.startswith("---\n")
+    return yaml.safe_load(card.split("\n---\n", 1)[0].removeprefix("---\n"))
+
+
+def test_the_model_card_names_the_method_its_scores_and_how_to_load_it(tiny_bert, sts_fixture, tmp_path):
+    from tests.test_resume import short_fit_args
+
+    lightning_main(["fit", *short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "3",
+                                           "--model.temperature", "0.07")])
+    best = tmp_path / "checkpoints" / "best.ckpt"
+    main(["evaluate", "--model", str(best), "--data-dir", str(sts_fixture), "--output", str(tmp_path / "scores.json")])
+    main(["export", str(best), str(tmp_path / "simcse-tiny"), "--results", str(tmp_path / "scores.json")])
+    card = (tmp_path / "simcse-tiny" / "README.md").read_text()
+    front = front_matter(card)
+    assert front["library_name"] == "sentence-transformers" and front["pipeline_tag"] == "sentence-similarity"
+    assert "base_model" not in front  # a local folder, not a hub id
+    assert {"simcse", "sentence-transformers"} <= set(front["tags"])
+    (entry,) = front["model-index"]
+    scores = {(r["dataset"]["name"], r["dataset"]["split"]): r["metrics"][0]["value"] for r in entry["results"]}
+    checkpoint = torch.load(best, weights_only=False)
+    callback_state = next(iter(checkpoint["callbacks"].values()))
+    assert scores.pop(("STS Benchmark (dev)", "validation")) == round(float(callback_state["best_model_score"]), 2)
+    evaluated = json.loads((tmp_path / "scores.json").read_text())["sts"]
+    assert scores == {(task, "test"): round(value, 2) for task, value in evaluated.items() if task != "avg"}
+    for text in ("**SimCSE**", "https://aclanthology.org/2021.emnlp-main.552", "@inproceedings{gao2021simcse",
+                 "| temperature | `0.07` |", f"| steps trained | `{checkpoint['global_step']}` |",
+                 'SentenceTransformer("simcse-tiny")'):
+        assert text in card
+
+
+def test_a_prompt_method_card_gives_its_template_and_trust_remote_code(tiny_bert, tmp_path):
+    from lightning_sentemb.export import export
+    from lightning_sentemb.methods import PromptBERT
+
+    card = (export(PromptBERT(tiny_bert), tmp_path / "pb") / "README.md").read_text()
+    assert "model-index" not in front_matter(card)  # no scores known
+    assert '- Template: `This sentence : "[X]" means [MASK] .`' in card
+    assert 'SentenceTransformer("pb", trust_remote_code=True)' in card
+    assert "PromptBERT: Improving BERT Sentence Embeddings with Prompts" in card
+
+
+def test_export_onto_a_file_is_one_line_and_keeps_the_file(tmp_path, capsys):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    line = error_line(capsys, "export", str(tmp_path / "never_loaded.ckpt"), str(target))
+    assert line == f"sentemb: error: export folder {target} is a file; choose a new folder name (the file is kept)"
+    assert target.read_text() == "keep me"

@@ -242,7 +242,7 @@ def _embedding_lines(method: SentEmbMethod) -> list[str]:
 def _training_lines(method: SentEmbMethod, facts: RunFacts, own: dict[str, Any]) -> list[str]:
     hp, data = method.hparams, facts.data
     shared = {
-        "backbone": hp.backbone, "steps": facts.step, "batch size (per device)": data.get("batch_size"),
+        "backbone": hp.backbone, "steps trained": facts.step, "batch size (per device)": data.get("batch_size"),
         "learning rate": hp.lr, "temperature": hp.temperature, "max sequence length": data.get("max_seq_len"),
         "training corpus": data.get("train_file"), "MLM weight": hp.mlm_weight or None, "seed": facts.seed,
     }
