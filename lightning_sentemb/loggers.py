@@ -144,9 +144,14 @@ def silence_known_noise() -> None:
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     transformers_logging.disable_progress_bar()  # the per-tensor "Loading weights" bar of every model load
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_not_a_lightning_tip)
+        logging.getLogger(name).addFilter(_not_lightning_noise)
 
 
-def _not_a_lightning_tip(record: logging.LogRecord) -> bool:
-    """Lightning's advertisements for litlogger / litmodels."""
-    return not record.getMessage().startswith("💡 Tip")
+LIGHTNING_NOISE = (
+    "💡 Tip",  # Lightning's advertisements for litlogger / litmodels
+    "Trainer already configured with model summary callbacks",  # ours replaces its default (no FLOPs column)
+)
+
+
+def _not_lightning_noise(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(LIGHTNING_NOISE)

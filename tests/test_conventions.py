@@ -136,7 +136,7 @@ def without(args: list[str], *options: str) -> list[str]:
     return kept
 
 
-def test_a_resumed_run_looks_exact(tiny_bert, sts_fixture, corpus, tmp_path, capsys):
+def test_a_resumed_run_looks_exact(tiny_bert, sts_fixture, corpus, tmp_path, capsys):  # noqa: F811 (a fixture)
     """No resumability warning, one CSV version holding the rows of an uninterrupted run, the
     progress bar's total right in the resumed epoch, and the summary at the end."""
     def args(root: Path) -> list[str]:
@@ -352,3 +352,25 @@ def test_every_analysis_figure_has_a_title_a_legend_and_readable_ticks(tmp_path,
         boxes = [(text.get_text(), text.get_window_extent(renderer)) for text in texts]
         overlapping = [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
         assert not overlapping, f"{name}: {overlapping} overlap"
+
+
+# ----- the data directory ----------------------------------------------------------------------------
+def test_one_data_directory_rule(tmp_path, monkeypatch):
+    """--data-dir, else $SENTEMB_DATA, else ./data if it exists, else ../shared/data (the mirror
+    beside the repository), for every command: the configs name none."""
+    from lightning_sentemb.data.paths import resolve_data_dir
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.chdir(repo)
+    monkeypatch.delenv("SENTEMB_DATA", raising=False)
+    assert resolve_data_dir() == Path("data")  # nothing there: errors name ./data
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    assert resolve_data_dir() == Path("../shared/data")
+    (repo / "data").mkdir()
+    assert resolve_data_dir() == Path("data")
+    monkeypatch.setenv("SENTEMB_DATA", str(tmp_path / "elsewhere"))
+    assert resolve_data_dir() == tmp_path / "elsewhere"
+    assert resolve_data_dir("given") == Path("given")
+    configs = [*REPO.glob("experiments/*.yaml"), *REPO.glob("experiments/demo/*.yaml")]
+    assert configs and not [c for c in configs if "data_dir" in (yaml.safe_load(c.read_text()).get("data") or {})]

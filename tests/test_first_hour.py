@@ -201,7 +201,7 @@ def test_evaluate_keeps_finished_results_when_a_later_evaluator_fails(tiny_bert,
 
 
 def test_evaluators_label_their_encode_passes(sts_fixture, tmp_path):
-    """Each progress bar says which evaluator and which task or pass is running."""
+    """Each progress bar says which model, which evaluator and which task or pass is running."""
     from lightning_sentemb.evaluation.suite import evaluate_suite
 
     labels = []
@@ -210,9 +210,9 @@ def test_evaluators_label_their_encode_passes(sts_fixture, tmp_path):
         labels.append(label)
         return torch.randn(len(sentences), 4, generator=torch.Generator().manual_seed(len(sentences)))
 
-    evaluate_suite(encode, ["sts", "analysis"], sts_fixture, figure_dir=tmp_path)
-    assert labels == ["sts", "analysis: the STS pairs"] + [
-        f"analysis: STS without the {k} most frequent tokens" for k in (0, 5, 10, 15, 20)]
+    evaluate_suite(encode, ["sts", "analysis"], sts_fixture, figure_dir=tmp_path, name="simcse/best")
+    assert labels == ["simcse/best · sts", "simcse/best · analysis: the STS pairs"] + [
+        f"simcse/best · analysis: STS without the {k} most frequent tokens" for k in (0, 5, 10, 15, 20)]
 
 
 def test_task_labelled_encode_names_the_data_set():
@@ -247,7 +247,7 @@ def test_data_eval_batch_size_alone_and_whole_config_in_the_run_dir(tiny_bert, s
 def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     from lightning.pytorch.callbacks.progress.rich_progress import MetricsTextColumn
 
-    from lightning_sentemb.progress import SentEmbProgressBar
+    from lightning_sentemb.console import SentEmbProgressBar
 
     bar = SentEmbProgressBar(SELECTION_METRIC)
     trainer = SimpleNamespace(progress_bar_metrics={"train/loss": torch.tensor(6.7e-4)}, loggers=[],
