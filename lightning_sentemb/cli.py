@@ -370,9 +370,11 @@ def run(args: list[str], from_sys_argv: bool = False) -> None:
         lightning_help(command)
     elif command in LIGHTNING_SUBCOMMANDS or command.startswith("-"):
         check_config_files(rest)
-        from .lightning_cli import lightning_main
+        from .lightning_cli import end_of_fit, lightning_main
 
-        lightning_main(None if from_sys_argv else args)
+        cli = lightning_main(None if from_sys_argv else args)
+        if cli.subcommand == "fit":
+            end_of_fit(cli)
     else:
         raise unknown_subcommand(command)
 

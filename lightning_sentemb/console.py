@@ -9,7 +9,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
 
 from .callbacks.run_state import SentEmbCheckpoint
@@ -101,13 +101,17 @@ def fit_summary(trainer: Trainer, checkpoint: SentEmbCheckpoint, monitor_label: 
     files = [("best.ckpt", best), ("last.ckpt", str(checkpoint.last_path))]
     files += [("metrics.csv", logger.experiment.metrics_file_path) for logger in trainer.loggers
               if isinstance(logger, CSVLogger)]
+    offline_runs = [str(Path(logger.experiment.dir).parent) for logger in trainer.loggers
+                    if isinstance(logger, WandbLogger) and logger.experiment.offline]
     files = [(name, path) for name, path in files if path and Path(path).is_file()]
+    files += [("W&B run", run) for run in offline_runs]
     width = max((len(name) for name, _ in files), default=0)
     lines += [f"  {name:{width}}  {_shown(path)}" for name, path in files]
     if best and Path(best).is_file():
         export_dir = _shown(str(Path(best).parent.parent / "export"))
         lines += ["next:", f"  sentemb evaluate --model {_shown(best)} --tasks sts",
                   f"  sentemb export {_shown(best)} {export_dir}"]
+        lines += [f"  wandb sync {_shown(run)}    (upload the offline W&B run)" for run in offline_runs]
     return "\n".join(lines)
 
 

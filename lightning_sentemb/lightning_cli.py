@@ -52,7 +52,7 @@ class SentEmbArgumentParser(LightningArgumentParser):
 class SentEmbCLI(LightningCLI):
     """LightningCLI in omegaconf mode with the shared checkpointing (`best.ckpt` by STS-B dev,
     `last.ckpt` to resume from), atomic checkpoint writes, the divergence guard, one-line config
-    errors, a resume that continues the run's logs, and a summary at the end of `fit`."""
+    errors, and a resume that continues the run's logs."""
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         try:
@@ -144,10 +144,6 @@ class SentEmbCLI(LightningCLI):
         self.datamodule.check_data("fit")
         self._refuse_stale_checkpoints()
 
-    def after_fit(self) -> None:
-        if self.trainer.is_global_zero:
-            print(fit_summary(self.trainer, self.run_checkpoint), flush=True)
-
     def _resolve_best(self) -> None:
         """`--ckpt_path best`: the best checkpoint of the run's `checkpoint` callback (in a fresh
         process, the `best.ckpt` of an earlier `fit`), named by its path so that another
@@ -194,3 +190,9 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
         )
     except SIGTERMException:
         raise SystemExit(143) from None
+
+
+def end_of_fit(cli: SentEmbCLI) -> None:
+    """The last lines of `sentemb fit`: where the results are and what to run next."""
+    if cli.trainer.is_global_zero:
+        print(fit_summary(cli.trainer, cli.run_checkpoint), flush=True)

@@ -45,9 +45,10 @@ class ResumedRun:
 def default_loggers(save_dir: str, resumed: ResumedRun | None = None) -> list[Logger]:
     """CSV always, plus W&B (offline unless configured) unless WANDB_MODE=disabled.
 
-    Offline W&B runs land in `save_dir/wandb` and can be uploaded later with `wandb sync`. A resumed
-    run writes on in the same CSV version (without the rows logged after its checkpoint, which it
-    trains again) and the same W&B run (`resume="allow"`, same id), so one run stays one run.
+    Offline W&B runs land in `save_dir/wandb` and can be uploaded later with `wandb sync`; W&B prints
+    nothing then (the fit's summary names the run). A resumed run writes on in the same CSV version
+    (without the rows logged after its checkpoint, which it trains again) and the same W&B run
+    (`resume="allow"`, same id), so one run stays one run.
     """
     ids = resumed.ids if resumed else {}
     csv_logger = (ContinuedCSVLogger(save_dir, ids["csv"], resumed.step) if "csv" in ids else CSVLogger(save_dir))
@@ -56,9 +57,14 @@ def default_loggers(save_dir: str, resumed: ResumedRun | None = None) -> list[Lo
         # W&B looks for the git repository from its folder and warns "git root ... does not exist"
         # when that folder is not there yet.
         Path(save_dir).mkdir(parents=True, exist_ok=True)
+        import wandb
+
         same_run = {"id": ids["wandb"], "resume": "allow"} if "wandb" in ids else {}
-        wandb_logger = WandbLogger(project="lightning_sentemb", save_dir=save_dir, offline=not wandb_configured(),
-                                   **same_run)
+        offline = not wandb_configured()
+        # offline, W&B's own lines (where the run is, how to upload it) come at exit, after the fit's
+        # summary, which gives the same (console.fit_summary): W&B stays silent
+        quiet = {"settings": wandb.Settings(silent=True)} if offline else {}
+        wandb_logger = WandbLogger(project="lightning_sentemb", save_dir=save_dir, offline=offline, **same_run, **quiet)
         # Lightning always passes `anonymous`, which W&B no longer uses and warns about on every run.
         wandb_logger._wandb_init.pop("anonymous", None)
         loggers.append(wandb_logger)

@@ -17,7 +17,7 @@ import yaml
 from lightning.pytorch import Callback
 
 from lightning_sentemb.cli import main
-from lightning_sentemb.lightning_cli import lightning_main
+from lightning_sentemb.lightning_cli import end_of_fit, lightning_main
 from tests.test_first_hour import error_line
 from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, corpus, run_args  # noqa: F401 (corpus: a fixture)
 
@@ -150,7 +150,8 @@ def test_a_resumed_run_looks_exact(tiny_bert, sts_fixture, corpus, tmp_path, cap
     totals = ProgressTotals()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        lightning_main(["fit", *args(root), "--ckpt_path", "last"], callbacks=[totals])
+        resumed = lightning_main(["fit", *args(root), "--ckpt_path", "last"], callbacks=[totals])
+    end_of_fit(resumed)  # what `sentemb fit` prints last
     assert not [w for w in caught if "resumable" in str(w.message)]
     # 5 batches an epoch: the resume continues epoch 0 at batch 4, then epoch 1 runs batches 1-2
     assert totals.seen == [(4, 5), (5, 5), (1, 2), (2, 2)]
@@ -174,6 +175,7 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     csv_logger, wandb_logger = default_loggers(str(tmp_path), ResumedRun({"csv": 3, "wandb": "abc123"}, step=5))
     assert csv_logger.version == 3
     assert wandb_logger.version == "abc123" and wandb_logger._wandb_init["resume"] == "allow"
+    assert wandb_logger._wandb_init["settings"].silent  # offline: the fit's summary names the run instead
 
 
 def test_a_continued_metrics_file_drops_the_rows_the_resume_trains_again(tmp_path):
