@@ -307,19 +307,20 @@ def lightning_help(subcommand: str) -> None:
     """LightningCLI's `--help` of `subcommand`, from the cache when it is there (see the module
     docstring), else built and cached."""
     path = help_cache_path(subcommand)
-    if not path.is_file():
+    if path.is_file():
+        text = path.read_text()
+    else:
         from .atomic_io import atomic_write_text
         from .lightning_cli import lightning_main
 
-        text = io.StringIO()
-        with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit), warnings.catch_warnings():
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # these args are sys.argv's
             lightning_main([subcommand, "--help"])
+        text = output.getvalue()
         with contextlib.suppress(OSError):  # an unwritable cache only costs the next --help its seconds
-            atomic_write_text(path, text.getvalue())
-        print(text.getvalue(), end="")
-        return
-    print(path.read_text(), end="")
+            atomic_write_text(path, text)
+    print(text, end="")
 
 
 def help_cache_path(subcommand: str) -> Path:
