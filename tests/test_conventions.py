@@ -240,6 +240,21 @@ def test_two_presets_train_together_and_log_what_they_promise(tiny_bert, sts_fix
     assert float(logged["val/uniformity"]) == pytest.approx(expected["uniformity"], abs=1e-4)
 
 
+def test_step_checkpoints_sit_beside_best_and_last_and_never_pass_for_best(tiny_bert, sts_fixture, tmp_path):
+    from tests.test_resume import short_fit_args
+
+    args = [*short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "3"),
+            "--trainer.callbacks+=lightning_sentemb.callbacks.step_checkpoints.StepCheckpoints",
+            "--trainer.callbacks.every_n_train_steps=2"]
+    lightning_main(["fit", *args])
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt", "step=2.ckpt"]
+    # Lightning's `trainer.checkpoint_callback` is now the step callback; `best` still means best.ckpt
+    cli = lightning_main(["validate", *args, "--ckpt_path", "best"])
+    assert cli.trainer.checkpoint_callback is not cli.run_checkpoint
+    assert cli.trainer.ckpt_path == str(folder / "best.ckpt")
+
+
 # ----- exports -----------------------------------------------------------------------------------
 def front_matter(card: str) -> dict:
     assert card.startswith("---\n")
