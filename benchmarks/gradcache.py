@@ -83,7 +83,7 @@ def sentence_transformers_cached(sentences: list[str], batch: int, chunk: int, s
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.losses import CachedMultipleNegativesRankingLoss
 
-    from lightning_sentemb.encoders.plain import resolve_model_path
+    from lightning_sentemb.encoders.pretrained import resolve_model_path
 
     model = SentenceTransformer(resolve_model_path(BACKBONE), device=device)
     model.max_seq_length = max_len

@@ -10,17 +10,33 @@
 
 Errors that are the user's to fix (`SentEmbUserError`) print as one line `sentemb: error: ...` and
 exit 2; `SENTEMB_DEBUG=1` shows the traceback instead.
+
+This module imports nothing heavy at the top: every command line is parsed, and every `--help`
+printed, before torch is imported. `sentemb fit|validate|test|predict --help` is LightningCLI's,
+built from the classes' signatures (torch, Lightning and transformers imported, ~6 s of CPU); its
+text is kept under the cache folder and printed from there until the installed packages or this
+package's files change.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import functools
+import hashlib
+import importlib.metadata
+import io
 import os
+import shutil
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
+from .data.paths import DATA_DIR_HELP, default_cache_dir
 from .errors import SentEmbUserError
+from .evaluation import EVALUATORS
 
 USAGE = """usage: sentemb SUBCOMMAND [options]      (`lightning` is the same command)
 
@@ -32,7 +48,7 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
 
 Tools:
   evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
-  export      checkpoint -> folder that AutoModel and SentenceTransformer both load
+  export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
   data        download the data sets, or check what a data directory holds
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
   reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`)
@@ -40,27 +56,29 @@ Tools:
 `sentemb SUBCOMMAND --help` describes each. SENTEMB_DEBUG=1 shows tracebacks of user errors.
 """
 
-
+LIGHTNING_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+HELP_FLAGS = ("-h", "--help")
 TRUST_HELP = ("load the checkpoint with the full pickle loader, which can run code stored in the file: "
               "only for checkpoints you wrote or trust (default: tensors and plain values only)")
 
 
-def evaluate_main(args: list[str]) -> None:
-    from .atomic_io import atomic_write_bytes
-    from .evaluation.report import encode_results, model_labels, write_report
-    from .evaluation.sts import format_table
-    from .evaluation.suite import EVALUATORS, evaluate_suite, parse_evaluators
-    from .loading import load_method
-    from .loggers import silence_known_noise
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors are one `sentemb: error:` line naming the command (no usage dump)."""
 
-    parser = argparse.ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
+    def error(self, message: str) -> None:
+        raise SentEmbUserError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+# ----- evaluate ----------------------------------------------------------------------------------
+def evaluate_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
     parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
     parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
                         "(default: run folder + file stem, e.g. simcse/best)")
     parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"],
                         help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler")
     parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
-    parser.add_argument("--data-dir", default=None, help="data directory (default $SENTEMB_DATA, else ./data)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None,
                         help="FILE.json: the results as JSON; a folder: results.json + report.md + figures/. "
                              "Written after each evaluator, so a later failure keeps what finished")
@@ -69,12 +87,22 @@ def evaluate_main(args: list[str]) -> None:
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "32"])
     parser.add_argument("--device", default=None, help="cuda when available, else cpu")
     parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
-    options = parser.parse_args(args)
+    return parser
+
+
+def evaluate(options: argparse.Namespace) -> None:
+    from .evaluation import parse_evaluators
+
+    evaluators = parse_evaluators(options.tasks)  # before the imports: a typo costs no seconds
+
+    from .atomic_io import atomic_write_bytes
+    from .evaluation.report import encode_results, model_labels, write_report
+    from .evaluation.sts import format_table
+    from .evaluation.suite import evaluate_suite
+    from .loading import load_method
+    from .loggers import silence_known_noise
+
     silence_known_noise()
-    try:
-        evaluators = parse_evaluators(options.tasks)
-    except ValueError as error:
-        parser.error(str(error))
     report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
     results_file = None if options.output is None else report_dir / "results.json" if report_dir else Path(options.output)
     if results_file is not None:
@@ -120,31 +148,49 @@ def check_writable(path: Path, option: str) -> None:
                                "choose a writable path") from error
 
 
-def export_main(args: list[str]) -> None:
-    from .export import check_export_folder, export
-    from .loading import load_method
-    from .loggers import silence_known_noise
+def _cuda() -> bool:
+    import torch
 
-    parser = argparse.ArgumentParser(prog="sentemb export", description="Checkpoint → HF + sentence-transformers folder.")
+    return torch.cuda.is_available()
+
+
+# ----- export ------------------------------------------------------------------------------------
+def export_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="sentemb export", description="Checkpoint → HF + sentence-transformers folder "
+                            "with a model card (README.md).")
     parser.add_argument("checkpoint")
-    parser.add_argument("out_dir")
+    parser.add_argument("out_dir", help="a new or empty folder")
+    parser.add_argument("--results", default=None,
+                        help="`sentemb evaluate --output` of this checkpoint (results.json, or its folder): its "
+                             "scores go into the model card")
     parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
     parser.add_argument("--adapter-only", action="store_true",
                         help="LoRA checkpoints: write peft's adapter folder (naming the base model) plus the pooling/"
                              "template config, instead of the backbone with the adapters merged (the default)")
-    options = parser.parse_args(args)
+    return parser
+
+
+def export(options: argparse.Namespace) -> None:
+    from .export import check_export_folder
+    from .export import export as write_export
+    from .export.model_card import read_results, run_facts
+    from .loading import load_method
+    from .loggers import silence_known_noise
+
     silence_known_noise()
     check_export_folder(options.out_dir)
+    results = read_results(options.results) if options.results else None
     # the base loads unquantized: a QLoRA run's adapters merge into (or ride on) the full-precision base
     method = load_method(options.checkpoint, trust_checkpoint=options.trust_checkpoint, load_in_4bit=False)
-    folder = export(method, options.out_dir, options.adapter_only)
-    print(f"exported to {folder} (AutoModel.from_pretrained and SentenceTransformer both load it)")
+    facts = run_facts(options.checkpoint, options.trust_checkpoint) if options.checkpoint.endswith(".ckpt") else None
+    folder = write_export(method, options.out_dir, facts, results, adapter_only=options.adapter_only)
+    print(f"exported to {folder} (AutoModel.from_pretrained and SentenceTransformer both load it; "
+          f"model card: {folder / 'README.md'})")
 
 
-def data_main(args: list[str]) -> None:
-    from .data.download import CHECK_GROUPS, check_data_dir, download
-
-    parser = argparse.ArgumentParser(prog="sentemb data")
+# ----- data --------------------------------------------------------------------------------------
+def data_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="sentemb data")
     sub = parser.add_subparsers(dest="action", required=True)
     fetch = sub.add_parser("download", help="fetch SentEval + SimCSE corpora from their canonical sources")
     fetch.add_argument("--to", required=True, help="target data directory")
@@ -152,43 +198,157 @@ def data_main(args: list[str]) -> None:
     check = sub.add_parser("check", help="report, per evaluator and corpus, what a data directory holds",
                            description="Reports every group; the exit status is 1 only when a group named "
                                        "by --require is incomplete.")
-    check.add_argument("--data-dir", default=None, help="data directory (default $SENTEMB_DATA, else ./data)")
+    check.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     check.add_argument("--require", default="sts",
                        help="comma-separated groups that must be complete for exit status 0: "
                             "sts,transfer,cluster,wiki1m,nli or all (default sts: what every fit needs)")
-    options = parser.parse_args(args)
+    return parser
+
+
+def data(options: argparse.Namespace) -> None:
+    from .data.download import CHECK_GROUPS, check_data_dir, download
+
     if options.action == "download":
         download(options.to, options.what.split(","))
+        return
+    required = CHECK_GROUPS if options.require == "all" else [g for g in options.require.split(",") if g]
+    incomplete = check_data_dir(options.data_dir, required)
+    if incomplete:
+        print(f"incomplete: {', '.join(incomplete)} (required by --require {options.require})")
+    sys.exit(1 if incomplete else 0)
+
+
+# ----- sweep, reproduce (arguments after `--` go to every fit) ------------------------------------
+def sweep_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="sentemb sweep", description="Run a W&B sweep file locally, offline.",
+        usage="sentemb sweep SWEEP_FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- FIT ARGS ...]",
+        epilog="Arguments after `--` are appended to every run's `sentemb fit` (e.g. -- -c experiments/trainer/a100.yaml).",
+    )
+    parser.add_argument("sweep_file", help="W&B sweep YAML (experiments/sweeps/*.yaml)")
+    parser.add_argument("--runs", type=int, default=None, help="number of runs (default: every grid point)")
+    parser.add_argument("--root", default=None, help="output folder (default out/sweeps/<file stem>)")
+    parser.add_argument("--method", choices=["grid", "random", "bayes"], help="replace the file's search method")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the engine's random proposals")
+    return parser
+
+
+def sweep(options: argparse.Namespace, fit_args: list[str]) -> None:
+    from .sweep import sweep_command
+
+    sweep_command(options, fit_args)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`5` means seeds 0–4; `1,7,42` names them."""
+    if "," in text:
+        return [int(seed) for seed in text.split(",")]
+    count = int(text)
+    if count < 1:
+        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
+    return list(range(count))
+
+
+def reproduce_parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="sentemb reproduce", description="Fit once per seed, test, aggregate.",
+        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--root DIR] [-- FIT ARGS ...]",
+        epilog="Arguments after `--` are appended to every seed's `sentemb fit` "
+               "(e.g. -- -c experiments/trainer/a100.yaml or -- --trainer.max_steps=50).",
+    )
+    parser.add_argument("--method", help="runs experiments/METHOD.yaml")
+    parser.add_argument("-c", "--config", action="append", default=[], help="config file(s), after --method's")
+    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("5"), help="N (seeds 0..N-1) or a,b,c")
+    parser.add_argument("--root", default=None, help="output folder (default out/reproduce/<name>)")
+    return parser
+
+
+def reproduce(options: argparse.Namespace, fit_args: list[str]) -> None:
+    from .reproduce import reproduce_command
+
+    reproduce_command(options, fit_args)
+
+
+# name: (parser, run, whether arguments after `--` go to every fit)
+TOOLS: dict[str, tuple[Callable[[], ArgumentParser], Callable[..., None], bool]] = {
+    "evaluate": (evaluate_parser, evaluate, False),
+    "export": (export_parser, export, False),
+    "data": (data_parser, data, False),
+    "sweep": (sweep_parser, sweep, True),
+    "reproduce": (reproduce_parser, reproduce, True),
+}
+
+
+def run_tool(name: str, args: list[str]) -> None:
+    """Parse first (`--help` and bad arguments end here, before any heavy import), then run."""
+    build_parser, run_command, takes_fit_args = TOOLS[name]
+    fit_args: list[str] = []
+    if takes_fit_args and "--" in args:
+        args, fit_args = args[: args.index("--")], args[args.index("--") + 1 :]
+    options = build_parser().parse_args(args)
+    if takes_fit_args:
+        run_command(options, fit_args)
     else:
-        required = CHECK_GROUPS if options.require == "all" else [g for g in options.require.split(",") if g]
-        incomplete = check_data_dir(options.data_dir, required)
-        if incomplete:
-            print(f"incomplete: {', '.join(incomplete)} (required by --require {options.require})")
-        sys.exit(1 if incomplete else 0)
+        run_command(options)
 
 
-def _cuda() -> bool:
-    import torch
+# ----- the LightningCLI subcommands --------------------------------------------------------------
+def check_config_files(args: list[str]) -> None:
+    """A missing `-c` file: one line naming it (and a close name beside it), before the seconds of
+    imports LightningCLI needs."""
+    from .config_errors import config_files_in
 
-    return torch.cuda.is_available()
-
-
-def sweep_main(args: list[str]) -> None:
-    from .sweep import sweep_main as run
-
-    run(args)
-
-
-def reproduce_main(args: list[str]) -> None:
-    from .reproduce import reproduce_main as run
-
-    run(args)
+    for file in config_files_in(args):
+        path = Path(file)
+        if path.is_file():
+            continue
+        siblings = [str(p) for p in path.parent.glob("*.y*ml")] if path.parent.is_dir() else []
+        close = difflib.get_close_matches(str(path), siblings, n=1)
+        raise SentEmbUserError(f"config file {file} does not exist" + (f"; did you mean {close[0]}?" if close else ""))
 
 
-TOOLS = {"evaluate": evaluate_main, "export": export_main, "data": data_main, "sweep": sweep_main,
-         "reproduce": reproduce_main}
+def lightning_help(subcommand: str) -> None:
+    """LightningCLI's `--help` of `subcommand`, from the cache when it is there (see the module
+    docstring), else built and cached."""
+    path = help_cache_path(subcommand)
+    if path.is_file():
+        text = path.read_text()
+    else:
+        from .atomic_io import atomic_write_text
+        from .lightning_cli import lightning_main
+
+        output = io.StringIO()
+        with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # these args are sys.argv's
+            lightning_main([subcommand, "--help"])
+        text = output.getvalue()
+        with contextlib.suppress(OSError):  # an unwritable cache only costs the next --help its seconds
+            atomic_write_text(path, text)
+    print(text, end="")
 
 
+def help_cache_path(subcommand: str) -> Path:
+    """The cached help of `subcommand`, keyed by what its text depends on: Python and the packages
+    that build it, this package's files, and the terminal width."""
+    package = Path(__file__).parent
+    key = hashlib.sha256()
+    key.update(f"{sys.version} {shutil.get_terminal_size().columns}".encode())
+    for name in ("lightning", "jsonargparse", "torch", "transformers"):
+        key.update(f"{name}={importlib.metadata.version(name)}".encode())
+    for file in sorted(package.rglob("*.py")):
+        stat = file.stat()
+        key.update(f"{file.relative_to(package)} {stat.st_mtime_ns} {stat.st_size}".encode())
+    return default_cache_dir() / "help" / f"{subcommand}-{key.hexdigest()[:16]}.txt"
+
+
+def unknown_subcommand(name: str) -> SentEmbUserError:
+    known = [*LIGHTNING_SUBCOMMANDS, *TOOLS]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean `{close[0]}`? " if close else ""
+    return SentEmbUserError(f"unknown subcommand {name!r}; {hint}`sentemb --help` lists them")
+
+
+# ----- entry -------------------------------------------------------------------------------------
 def user_error(error: BaseException) -> SentEmbUserError | None:
     """The `SentEmbUserError` behind `error`, if any: jsonargparse and Lightning wrap errors raised
     while a class is instantiated, so the whole cause/context chain is searched."""
@@ -206,14 +366,22 @@ def run(args: list[str], from_sys_argv: bool = False) -> None:
     if not args:
         print(USAGE, end="", file=sys.stderr)
         raise SystemExit(2)
-    if args[0] in ("-h", "--help"):
-        print(USAGE, end="")  # before any heavy import: `sentemb --help` stays instant
-    elif args[0] in TOOLS:
-        TOOLS[args[0]](args[1:])
-    else:
-        from .lightning_cli import lightning_main
+    command, rest = args[0], args[1:]
+    if command in HELP_FLAGS:
+        print(USAGE, end="")
+    elif command in TOOLS:
+        run_tool(command, rest)
+    elif command in LIGHTNING_SUBCOMMANDS and rest and all(arg in HELP_FLAGS for arg in rest):
+        lightning_help(command)
+    elif command in LIGHTNING_SUBCOMMANDS or command.startswith("-"):
+        check_config_files(rest)
+        from .lightning_cli import end_of_fit, lightning_main
 
-        lightning_main(None if from_sys_argv else args)
+        cli = lightning_main(None if from_sys_argv else args)
+        if cli.subcommand == "fit":
+            end_of_fit(cli)
+    else:
+        raise unknown_subcommand(command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,32 +6,61 @@ Its own module so `cli`, `sweep` and `reproduce` can all import it without a cyc
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch.callbacks import Callback, ProgressBar
+from lightning.pytorch.callbacks import Callback, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks.run_state import AtomicCheckpointIO, SentEmbCheckpoint, TrainingGuard
+from .config_errors import config_files_in, describe_parse_error
+from .console import SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
 from .errors import SentEmbUserError
-from .loading import SAFE_GLOBALS
-from .loggers import LogFullConfig, default_loggers, silence_known_noise
+from .loading import SAFE_GLOBALS, read_checkpoint
+from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod
-from .progress import SentEmbProgressBar
 
 SELECTION_METRIC = "val/STSBenchmark-dev"
 # Lightning's 50 logs a 60-step demo's loss once; 10 gives a curve and is negligible in long runs.
 LOG_EVERY_N_STEPS = 10
 
 
+class ConfigRejected(Exception):
+    """jsonargparse's report on a command line or config it rejects; `SentEmbCLI` makes it one line."""
+
+    def __init__(self, message: str, parser: LightningArgumentParser) -> None:
+        super().__init__(message)
+        self.message, self.parser = message, parser
+
+
+class SentEmbArgumentParser(LightningArgumentParser):
+    """Reports a rejected config as `ConfigRejected` instead of a usage dump and exit."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error:  # a nested parser: jsonargparse catches this and reports it in its parent's message
+            super().error(message, ex)
+        raise ConfigRejected(message, getattr(ex, "subcommand_parser", None) or self)
+
+
 class SentEmbCLI(LightningCLI):
     """LightningCLI in omegaconf mode with the shared checkpointing (`best.ckpt` by STS-B dev,
-    `last.ckpt` to resume from), atomic checkpoint writes, and the divergence guard."""
+    `last.ckpt` to resume from), atomic checkpoint writes, the divergence guard, one-line config
+    errors, and a resume that continues the run's logs."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ConfigRejected as rejected:
+            accepted = [action.dest for action in rejected.parser._actions]
+            files = config_files_in(sys.argv[1:] if args is None else list(args))
+            raise SentEmbUserError(describe_parse_error(rejected.message, accepted, files)) from None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(SentEmbCheckpoint, "checkpoint")
@@ -45,16 +74,30 @@ class SentEmbCLI(LightningCLI):
         # batch (two different values made Lightning stop with "Error while merging hparams").
         parser.link_arguments("data.eval_batch_size", "model.init_args.eval_batch_size")
 
+    @property
+    def run_checkpoint(self) -> SentEmbCheckpoint:
+        """The run's `best.ckpt` / `last.ckpt` callback (`checkpoint.*`); a preset may add other
+        ModelCheckpoints, so Lightning's `trainer.checkpoint_callback` is not necessarily this one."""
+        return self._get(self.config_init, "checkpoint")
+
     def instantiate_trainer(self, **kwargs):
-        """Default loggers (CSV + W&B) under the run's root dir when the config names none, and our
-        progress bar when the config names none."""
+        """Default loggers (CSV + W&B) under the run's root dir when the config names none (a resumed
+        fit continues its CSV version and W&B run), our progress bar and model summary when the
+        config names none."""
         config = self._get(self.config_init, "trainer", default={})
-        if config.get("logger") in (None, True):
-            kwargs["logger"] = default_loggers(config.get("default_root_dir") or "out")
+        self._resolve_last()
         callbacks = config.get("callbacks") or []
-        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        if config.get("logger") in (None, True):
+            checkpoint = self._get(self.config_init, "ckpt_path") if self.subcommand == "fit" else None
+            resumed = resumed_run(read_checkpoint(checkpoint, mmap=True)) if checkpoint else None
+            kwargs["logger"] = default_loggers(config.get("default_root_dir") or "out", resumed)
+            callbacks.append(LoggerIds())
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            kwargs["callbacks"] = [*callbacks, SentEmbProgressBar(SELECTION_METRIC)]
+            callbacks.append(SentEmbProgressBar(SELECTION_METRIC))
+        if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
+            callbacks.append(SentEmbModelSummary())
+        kwargs["callbacks"] = callbacks
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
@@ -67,7 +110,7 @@ class SentEmbCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") != "last":
             return
-        callback = self.trainer.checkpoint_callback
+        callback = self.run_checkpoint
         last = callback.last_path
         if last.exists():
             config["ckpt_path"] = str(last)
@@ -83,7 +126,7 @@ class SentEmbCLI(LightningCLI):
         config = self.config_init[self.subcommand]
         if config.get("ckpt_path") is not None:
             return
-        folder = Path(self.trainer.checkpoint_callback.dirpath)
+        folder = Path(self.run_checkpoint.dirpath)
         stale = sorted(folder.glob("*.ckpt"))
         if not stale:
             return
@@ -99,27 +142,27 @@ class SentEmbCLI(LightningCLI):
 
     def before_fit(self) -> None:
         self.datamodule.check_data("fit")
-        self._resolve_last()
         self._refuse_stale_checkpoints()
 
     def _resolve_best(self) -> None:
-        """`--ckpt_path best` in a fresh process: the best checkpoint of an earlier `fit`."""
-        config = self.config[self.subcommand]
-        callback = self.trainer.checkpoint_callback
-        if config.get("ckpt_path") == "best" and callback is not None and not callback.best_model_path:
-            best = Path(callback.dirpath) / "best.ckpt"
-            if not best.exists():
-                raise SentEmbUserError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
-            callback.best_model_path = str(best)
+        """`--ckpt_path best`: the best checkpoint of the run's `checkpoint` callback (in a fresh
+        process, the `best.ckpt` of an earlier `fit`), named by its path so that another
+        ModelCheckpoint (a preset's) is never taken for it."""
+        config = self.config_init[self.subcommand]
+        if config.get("ckpt_path") != "best":
+            return
+        callback = self.run_checkpoint
+        best = Path(callback.best_model_path or Path(callback.dirpath) / "best.ckpt")
+        if not best.exists():
+            raise SentEmbUserError(f"--ckpt_path best: {best} does not exist; run `sentemb fit` with this config first")
+        config["ckpt_path"] = str(best)
 
     def before_test(self) -> None:
         self.datamodule.check_data("test")
-        self._resolve_last()
         self._resolve_best()
 
     def before_validate(self) -> None:
         self.datamodule.check_data("validate")
-        self._resolve_last()
         self._resolve_best()
 
 
@@ -135,7 +178,8 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
             SentEmbMethod,
             SentEmbDataModule,
             subclass_mode_model=True,
-            parser_kwargs={"parser_mode": "omegaconf"},
+            parser_class=SentEmbArgumentParser,
+            parser_kwargs={"parser_mode": "omegaconf", "prog": "sentemb"},
             save_config_callback=LogFullConfig,
             # the run's config.yaml may be replaced: a resume rewrites it, and a new fit over an earlier
             # run's checkpoints is refused (or --overwrite) before it is written
@@ -146,3 +190,9 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
         )
     except SIGTERMException:
         raise SystemExit(143) from None
+
+
+def end_of_fit(cli: SentEmbCLI) -> None:
+    """The last lines of `sentemb fit`: where the results are and what to run next."""
+    if cli.trainer.is_global_zero:
+        print(fit_summary(cli.trainer, cli.run_checkpoint), flush=True)

@@ -30,16 +30,19 @@ def method_class(qualified_name: str) -> type[SentEmbMethod]:
     return getattr(importlib.import_module(module), name)
 
 
-def read_checkpoint(path: str | Path, map_location: str = "cpu", trust_checkpoint: bool = False) -> dict[str, Any]:
+def read_checkpoint(
+    path: str | Path, map_location: str = "cpu", trust_checkpoint: bool = False, mmap: bool = False
+) -> dict[str, Any]:
     """The checkpoint's contents. Unless trusted, only tensors, plain values and `SAFE_GLOBALS` are
     unpickled (`weights_only=True`), so a downloaded file cannot run code; any unreadable file
-    gives one error naming it."""
+    gives one error naming it. `mmap` leaves the tensors in the file until used: reading a large
+    checkpoint's step, scores or hyperparameters then costs little."""
     path = Path(path)
     if not path.is_file():
         raise SentEmbUserError(f"checkpoint {path} does not exist")
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=not trust_checkpoint)
+            return torch.load(path, map_location=map_location, weights_only=not trust_checkpoint, mmap=mmap)
     except pickle.UnpicklingError as error:
         blocked = re.search(r"GLOBAL (\S+)|but got (<class '[^']+'>)", str(error))
         if not trust_checkpoint and blocked:

@@ -21,31 +21,23 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_only
 
 from .atomic_io import atomic_write_json
+from .errors import SentEmbUserError
 from .lightning_cli import lightning_main
 from .evaluation.sts import format_table
 
 EXPERIMENTS = Path("experiments")
 
 
-def parse_seeds(text: str) -> list[int]:
-    """`5` means seeds 0–4; `1,7,42` names them."""
-    if "," in text:
-        return [int(seed) for seed in text.split(",")]
-    count = int(text)
-    if count < 1:
-        raise argparse.ArgumentTypeError("--seeds needs at least one seed")
-    return list(range(count))
-
-
 def config_files(method: str | None, configs: Sequence[str]) -> list[str]:
     """`--method M` is `experiments/M.yaml`; `-c` files follow it (later files win)."""
     files = ([str(EXPERIMENTS / f"{method}.yaml")] if method else []) + list(configs)
     if not files:
-        raise ValueError("name the experiment: --method M (experiments/M.yaml) or -c FILE")
+        raise SentEmbUserError("sentemb reproduce: name the experiment: --method M (experiments/M.yaml) or -c FILE")
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         available = ", ".join(sorted(p.stem for p in EXPERIMENTS.glob("*.yaml")))
-        raise FileNotFoundError(f"no such config: {', '.join(missing)} (methods in {EXPERIMENTS}/: {available})")
+        raise SentEmbUserError(f"sentemb reproduce: no such config: {', '.join(missing)} "
+                               f"(methods in {EXPERIMENTS}/: {available})")
     return files
 
 
@@ -59,7 +51,7 @@ def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides:
                 f"--seed_everything={seed}", f"--trainer.default_root_dir={root / f'seed-{seed}'}"]
         try:
             cli = lightning_main(argv)
-            cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best")
+            cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=cli.run_checkpoint.best_model_path)
             results[seed] = dict(cli.model.test_results)
         finally:
             wandb.finish()  # the next seed's WandbLogger must start its own W&B run
@@ -95,26 +87,11 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path) -> None:
     atomic_write_json(root / "reproduce.json", content)
 
 
-def reproduce_main(args: list[str]) -> None:
-    """Entry of `sentemb reproduce (--method M | -c FILE ...) --seeds N [--root DIR] [-- fit overrides]`."""
-    args, overrides = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
-    parser = argparse.ArgumentParser(
-        prog="sentemb reproduce", description="Fit once per seed, test, aggregate.",
-        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--root DIR] [-- FIT ARGS ...]",
-        epilog="Arguments after `--` are appended to every seed's `sentemb fit` "
-               "(e.g. -- -c experiments/trainer/a100.yaml or -- --trainer.max_steps=50).",
-    )
-    parser.add_argument("--method", help="runs experiments/METHOD.yaml")
-    parser.add_argument("-c", "--config", action="append", default=[], help="config file(s), after --method's")
-    parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("5"), help="N (seeds 0..N-1) or a,b,c")
-    parser.add_argument("--root", default=None, help="output folder (default out/reproduce/<name>)")
-    options = parser.parse_args(args)
+def reproduce_command(options: argparse.Namespace, overrides: list[str]) -> None:
+    """`sentemb reproduce (--method M | -c FILE ...) --seeds N [--root DIR] [-- fit overrides]` (parsed by `cli`)."""
     # every run's arguments are passed to LightningCLI on purpose, beside this command's own sys.argv
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-    try:
-        files = config_files(options.method, options.config)
-    except (ValueError, FileNotFoundError) as error:
-        parser.error(str(error))
+    files = config_files(options.method, options.config)
     name = options.method or Path(files[0]).stem
     root = Path(options.root or Path("out") / "reproduce" / name)
     report(name, run_seeds(files, options.seeds, root, overrides), root)

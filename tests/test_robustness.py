@@ -230,20 +230,29 @@ def test_model_labels_are_readable_and_unique():
 
 # ----- our sentence-transformers modules --------------------------------------------------------------
 
-def test_an_export_naming_the_old_module_path_still_loads(tiny_bert, tmp_path):
-    """Exports written before the modules moved into `lightning_sentemb.export` name the old path."""
+@pytest.mark.parametrize(("method_name", "new_path", "old_path"), [
+    ("PromptBERT", "lightning_sentemb.export.template.TemplateSentenceEncoder",
+     "lightning_sentemb.export_template.TemplateSentenceEncoder"),
+    ("DCPCSE", "lightning_sentemb.export.prefix.PrefixedTransformer",
+     "lightning_sentemb.encoders.prefix_st.PrefixedTransformer"),
+])
+def test_an_export_naming_the_old_module_path_still_loads(method_name, new_path, old_path, tiny_bert, tmp_path):
+    """Exports written before the modules moved into `lightning_sentemb.export` name the old path,
+    which `lightning_sentemb._compat` keeps importable without a file there."""
     from sentence_transformers import SentenceTransformer
 
+    from lightning_sentemb import methods
     from lightning_sentemb.export import export
-    from lightning_sentemb.methods import PromptBERT
 
+    assert not (Path(methods.__file__).parents[1] / (old_path.rsplit(".", 1)[0].replace(".", "/") + ".py")).exists()
     torch.manual_seed(0)
-    method = PromptBERT(tiny_bert)
+    method = getattr(methods, method_name)(tiny_bert)
     folder = export(method, tmp_path / "export")
     modules = json.loads((folder / "modules.json").read_text())
-    assert modules[0]["type"] == "lightning_sentemb.export.template.TemplateSentenceEncoder"
-    modules[0]["type"] = "lightning_sentemb.export_template.TemplateSentenceEncoder"
+    assert modules[0]["type"] == new_path
+    modules[0]["type"] = old_path
     (folder / "modules.json").write_text(json.dumps(modules))
     model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
+    assert f"{type(model[0]).__module__}.{type(model[0]).__name__}" == new_path
     torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), method.encode(SENTENCES),
                                atol=1e-5, rtol=1e-5)

@@ -13,14 +13,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from transformers import PreTrainedTokenizerBase
 
 from ..errors import SentEmbUserError
-from .paths import require_file
+from .paths import default_cache_dir, require_file
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
 CACHE_VERSION = "1"
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("SENTEMB_CACHE", Path.home() / ".cache" / "lightning_sentemb"))
 
 
 def read_corpus(path: str | os.PathLike, max_examples: int | None = None) -> dict[str, list[str]]:

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
-from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import SentEmbUserError
-from ..evaluation.suite import parse_evaluators
+from ..evaluation import parse_evaluators
 from .corpus import tokenized_corpus
 from .paths import require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
@@ -138,7 +137,15 @@ class TrainLoader:
     Deliberately not a `DataLoader` itself: under DDP Lightning would swap the sampling for a
     `DistributedSampler`, which cannot start mid-epoch. Exposes what Lightning and the methods read:
     `dataset`, `batch_size`, and `sampler` (Lightning calls its `set_epoch` before each epoch).
+
+    Resumable the way Lightning looks for it (`state_dict` / `load_state_dict`): checkpoints keep
+    where the data stands, and a resumed fit restores it before the first batch (so Lightning does
+    not warn that the loader is not resumable). The position is the number of batches trained since
+    the run began, as the training loop counts them (`batches_trained`, set by the data module): the
+    loop fetches ahead of training, so the loader cannot count them itself.
     """
+
+    batches_trained: Callable[[], int] | None = None
 
     def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, method: Any, num_workers: int) -> None:
         self.dataset = dataset
@@ -155,6 +162,12 @@ class TrainLoader:
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def state_dict(self) -> dict[str, int]:
+        return {"batches_done": self.batches_trained()} if self.batches_trained is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.sampler.resume(state_dict.get("batches_done", 0))
+
 
 class SentEmbDataModule(LightningDataModule):
     """Training corpus + STS evaluation sets.
@@ -162,7 +175,8 @@ class SentEmbDataModule(LightningDataModule):
     Args:
         train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`);
             a relative path is looked up under `data_dir`.
-        data_dir: data directory (SimCSE/SentEval layout); default `$SENTEMB_DATA`, else `./data`.
+        data_dir: data directory (SimCSE/SentEval layout); default: `$SENTEMB_DATA`, else `./data` if it
+            exists, else `../shared/data` (`data.paths.resolve_data_dir`, the rule of every command).
         max_seq_len: training length in tokens, special tokens included (templates come on top).
         batch_size: per-device training batch; the global batch is batch_size × devices.
         eval_batch_size: pairs per evaluation batch; `sentemb fit` also gives it to the method (`encode`).
@@ -193,8 +207,8 @@ class SentEmbDataModule(LightningDataModule):
         self.save_hyperparameters()
         self.val_tasks = list(val_tasks)
         self.test_tasks = list(test_tasks)
-        self.val_evaluators = parse_evaluators(val_evaluators)
-        self.test_evaluators = parse_evaluators(test_evaluators)
+        self.val_evaluators = parse_evaluators(val_evaluators, "data.val_evaluators")
+        self.test_evaluators = parse_evaluators(test_evaluators, "data.test_evaluators")
         self.method = None
         self.train_dataset = None
         self.batches_done = 0
@@ -257,16 +271,14 @@ class SentEmbDataModule(LightningDataModule):
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         sampler = ResumableBatchSampler(len(self.train_dataset), self.hparams.batch_size, self.method.run_seed, replicas, rank)
         sampler.resume(self.batches_done)
-        return TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the training data stands (saved in checkpoints): batches trained since the run began."""
-        trainer = self.trainer
-        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
-            return {}
-        return {"batches_done": trainer.fit_loop.epoch_loop.batch_progress.total.processed}
+        loader = TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers)
+        if trainer is not None:
+            loader.batches_trained = lambda: trainer.fit_loop.epoch_loop.batch_progress.total.processed
+        return loader
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The data position of checkpoints written before `TrainLoader` kept it (they still resume
+        exactly)."""
         self.batches_done = state_dict.get("batches_done", 0)
 
     def _sts_loaders(self, tasks: list[str]) -> list[DataLoader]:

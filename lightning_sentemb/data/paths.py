@@ -1,4 +1,10 @@
-"""Where evaluation and corpus files live, and one clear error when they are missing."""
+"""Where data, evaluation and cache files live, and one clear error when data is missing.
+
+One rule finds the data directory for every command (`fit` and the other LightningCLI subcommands,
+`evaluate`, `data check`): `--data-dir` / `data.data_dir` when given, else `$SENTEMB_DATA`, else
+`./data` (where `sentemb data download --to data` puts it) if it exists, else `../shared/data`
+(the offline mirror beside the repository).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ from pathlib import Path
 from ..errors import SentEmbUserError
 
 DATA_ENV_VAR = "SENTEMB_DATA"
+DEFAULT_DATA_DIRS = (Path("data"), Path("..") / "shared" / "data")
+DATA_DIR_HELP = "data directory (default: $SENTEMB_DATA, else ./data if it exists, else ../shared/data)"
 FETCH_HINT = "`sentemb data download --to DIR` (or point --data-dir / SENTEMB_DATA at an existing mirror)"
 
 
@@ -16,7 +24,8 @@ class MissingDataError(SentEmbUserError, FileNotFoundError):
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The data directory: the explicit argument, else $SENTEMB_DATA, else ./data.
+    """The data directory by the rule above; `./data` when no candidate exists (errors then name
+    the files missing there).
 
     The layout is SimCSE's: ``senteval/downstream/...``, ``corpora/...``, ``clustering/...``.
     """
@@ -24,7 +33,12 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
         return Path(data_dir).expanduser()
     if os.environ.get(DATA_ENV_VAR):
         return Path(os.environ[DATA_ENV_VAR]).expanduser()
-    return Path("data")
+    return next((folder for folder in DEFAULT_DATA_DIRS if folder.is_dir()), DEFAULT_DATA_DIRS[0])
+
+
+def default_cache_dir() -> Path:
+    """Tokenized corpora and `--help` texts: `$SENTEMB_CACHE`, else ~/.cache/lightning_sentemb."""
+    return Path(os.environ.get("SENTEMB_CACHE", Path.home() / ".cache" / "lightning_sentemb"))
 
 
 def require_file(path: str | os.PathLike, what: str) -> Path:

@@ -29,13 +29,13 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from ..errors import SentEmbUserError
-from .plain import resolve_model_path
+from .pretrained import ADAPTER_CONFIG, resolve_model_path
 
 __all__ = ["LORA_DEFAULTS", "LoraSettings", "add_lora", "has_lora", "merged_state_dict", "peft_base_reference",
            "save_backbone"]
 
 ADAPTER = "default"  # peft's adapter name; one adapter per backbone
-ADAPTER_CONFIG = "adapter_config.json"
+
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file names, so peft and transformers load the folder
 
 

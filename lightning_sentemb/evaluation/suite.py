@@ -9,19 +9,9 @@ from pathlib import Path
 import torch
 
 from ..data.senteval import STS_TASKS, load_sts_task
+from . import parse_evaluators
 from .metrics import TaskLabelledEncode
 from .sts import evaluate_sts
-
-EVALUATORS = ("sts", "transfer", "fewshot", "cluster", "analysis")
-
-
-def parse_evaluators(spec: str | Sequence[str]) -> list[str]:
-    """`"sts,transfer"` or a list → validated evaluator names, in the given order."""
-    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
-    unknown = [n for n in names if n not in EVALUATORS]
-    if unknown:
-        raise ValueError(f"unknown evaluator(s) {', '.join(unknown)}; choose from {', '.join(EVALUATORS)}")
-    return names
 
 
 def evaluate_suite(
@@ -35,8 +25,8 @@ def evaluate_suite(
 ) -> dict[str, dict]:
     """Run the named evaluators with one `encode`; keys: sts, transfer, clustering, analysis, frequent_tokens.
 
-    `encode(sentences, label=...)` is `SentEmbMethod.encode`: the label names the evaluator and the
-    task or pass on its progress bar. `on_result(results so far)` is called as each evaluator finishes, so a caller can
+    `encode(sentences, label=...)` is `SentEmbMethod.encode`: the label names the model (`name`), the
+    evaluator and the task or pass on its progress bar. `on_result(results so far)` is called as each evaluator finishes, so a caller can
     keep finished results when a later one fails. `fewshot` adds ConPVP's 16-shot runs to the
     transfer results (and implies `transfer`).
     """
@@ -45,11 +35,11 @@ def evaluate_suite(
     from .transfer import evaluate_transfer
 
     def labelled(label: str) -> Callable[[list[str]], torch.Tensor]:
-        return lambda sentences: encode(list(sentences), label=label)
+        return lambda sentences: encode(list(sentences), label=f"{name} · {label}")
 
     def numpy(evaluator: str) -> TaskLabelledEncode:
         return TaskLabelledEncode(lambda sentences, label: encode(list(sentences), label=label).float().cpu().numpy(),
-                                  evaluator)
+                                  f"{name} · {evaluator}")
 
     def finished(key: str, result: dict) -> None:
         results[key] = result

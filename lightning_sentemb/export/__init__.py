@@ -9,17 +9,19 @@ module both apply it.
 Each method writes its own folder (`SentEmbMethod.write_export`): plain poolers with
 sentence-transformers' own modules (`plain`); methods whose embedding needs our code with one of
 our sentence-transformers modules (`SentEmbSTModule` in `st_module`: `template` for
-PromptBERT/ConPVP, `prefix` for DCPCSE), loaded with `trust_remote_code=True`.
+PromptBERT/ConPVP, `prefix` for DCPCSE), loaded with `trust_remote_code=True`. Every export
+carries a `README.md` model card (`model_card`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..atomic_io import atomic_directory
 from ..errors import SentEmbUserError
+from .model_card import RunFacts, model_card
 from .plain import write_plain_export, write_pooling_modules
 
 if TYPE_CHECKING:
@@ -36,17 +38,28 @@ def check_export_folder(out_dir: str | os.PathLike) -> Path:
     """`out_dir` as a Path when an export may go there (absent or empty); `sentemb export` asks
     before loading the checkpoint."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportFolderNotEmptyError(f"export folder {out_dir} is a file; choose a new folder name (the file is kept)")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ExportFolderNotEmptyError(f"export folder {out_dir} exists and is not empty; choose a new folder or remove it")
     return out_dir
 
 
-def export(method: SentEmbMethod, out_dir: str | os.PathLike, adapter_only: bool = False) -> Path:
-    """Write the export into a staging folder beside `out_dir` and rename it into place only when
-    complete (a kill leaves no `out_dir`, never a half-written one); folder and files get the
-    permissions `cp` would give them under the umask. LoRA adapters are merged into the backbone, or
-    with `adapter_only` written as peft's adapter folder (the base model named, not copied)."""
+def export(
+    method: SentEmbMethod,
+    out_dir: str | os.PathLike,
+    facts: RunFacts | None = None,
+    results: dict[str, Any] | None = None,
+    adapter_only: bool = False,
+) -> Path:
+    """Write the export, with its model card (`model_card`: `facts` of the checkpoint's run and
+    `sentemb evaluate` `results` add their scores), into a staging folder beside `out_dir` and
+    rename it into place only when complete (a kill leaves no `out_dir`, never a half-written one);
+    folder and files get the permissions `cp` would give them under the umask. LoRA adapters are
+    merged into the backbone, or with `adapter_only` written as peft's adapter folder (the base model
+    named, not copied)."""
     out_dir = check_export_folder(out_dir)
     with atomic_directory(out_dir) as staging:
         method.write_export(staging, adapter_only)
+        (staging / "README.md").write_text(model_card(method, staging, out_dir.name, facts, results))
     return out_dir

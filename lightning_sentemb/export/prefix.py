@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
-from ..encoders.plain import load_pretrained
+from ..encoders.pretrained import load_pretrained
 from ..encoders.prefix import PositionOffset, PrefixedBackbone
 from .st_module import SentEmbSTModule
 

@@ -33,7 +33,8 @@ from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..encoders.lora import LoraSettings, add_lora, peft_base_reference
 from ..encoders.memory import DTYPES, BackboneDtype, enable_gradient_checkpointing, from_pretrained_options
-from ..encoders.plain import Encoder, backbone_loading, load_config, resolve_model_path
+from ..encoders.plain import POOLERS, Encoder, backbone_loading
+from ..encoders.pretrained import load_config, resolve_model_path
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import evaluate_suite, headline_scores
 from ..errors import SentEmbUserError
@@ -42,6 +43,7 @@ from ..grad_cache import RngState, chunk_spans, rows_of
 from ..losses.mlm import mask_tokens, mlm_loss
 
 MlpMode = Literal["none", "train", "always"]
+Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
 
 
 def autocast_for(device: torch.device, precision: str) -> torch.autocast:
@@ -106,7 +108,7 @@ class SentEmbMethod(LightningModule):
     def __init__(
         self,
         backbone: str,
-        pooler: str | None = None,
+        pooler: Pooler | None = None,
         mlp: MlpMode = "train",
         temperature: float = 0.05,
         lr: float = 3e-5,

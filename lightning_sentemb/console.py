@@ -1,0 +1,121 @@
+"""What a fit prints: the progress bar, the model summary, and the summary at its end."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
+
+from .callbacks.run_state import SentEmbCheckpoint
+
+
+class SentEmbProgressBar(RichProgressBar):
+    """Lightning's Rich bar with three significant digits (a loss of 6.7e-4 shows as 0.00067, not
+    0.000), "Epoch N" alone when the run is bounded by steps (Lightning shows "Epoch 0/-2"), the
+    latest value of `monitor` (STS-B dev) once a validation has run, and the right total in a
+    resumed epoch."""
+
+    def __init__(self, monitor: str, monitor_label: str = "STS-B dev") -> None:
+        super().__init__(theme=RichProgressBarTheme(metrics_format=".3g"))
+        self.monitor = monitor
+        self.monitor_label = monitor_label
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        max_epochs = self.trainer.max_epochs
+        description = f"Epoch {current_epoch}" + (f"/{max_epochs - 1}" if max_epochs is not None and max_epochs > 0 else "")
+        return f"{description:{len(self.validation_description)}}"  # padded like Lightning's, against flicker
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """The batch of this epoch at which it ends or the run does. The bar counts batches from the
+        epoch's start, also in a resumed epoch, where Lightning's total (the steps left) would
+        read 40/32."""
+        trainer = self.trainer
+        total = trainer.num_training_batches
+        if trainer.max_steps is None or trainer.max_steps < 0 or total == float("inf"):
+            return total
+        in_epoch = trainer.fit_loop.epoch_loop.batch_progress.total.processed - trainer.current_epoch * total
+        remaining = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+        return min(total, in_epoch + remaining)
+
+    def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        score = trainer.callback_metrics.get(self.monitor)
+        if score is not None:
+            metrics[self.monitor_label] = float(score)
+        return metrics
+
+
+class SentEmbModelSummary(RichModelSummary):
+    """Lightning's Rich model summary without its FLOPs column and total, which read 0 here (they are
+    counted only for a module with an `example_input_array`)."""
+
+    @staticmethod
+    def summarize(
+        summary_data: list[tuple[str, list[str]]],
+        total_parameters: int,
+        trainable_parameters: int,
+        model_size: float,
+        total_training_modes: dict[str, int],
+        total_flops: int = 0,
+        **summarize_kwargs: Any,
+    ) -> None:
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            table.add_column(name, justify="right" if name in ("Params", "In sizes", "Out sizes") else "left")
+        for row in zip(*(values for _, values in columns)):
+            table.add_row(*row)
+        totals = Table.grid()
+        for label, value in [
+            ("Trainable params", get_human_readable_count(trainable_parameters)),
+            ("Non-trainable params", get_human_readable_count(total_parameters - trainable_parameters)),
+            ("Total params", get_human_readable_count(total_parameters)),
+            ("Total estimated model params size (MB)", get_formatted_model_size(model_size)),
+        ]:
+            totals.add_row(f"[bold]{label}[/]: {value}")
+        console = get_console()
+        console.print(table)
+        console.print(totals)
+
+
+def fit_summary(trainer: Trainer, checkpoint: SentEmbCheckpoint, monitor_label: str = "STS-B dev") -> str:
+    """The end of `sentemb fit`: the best score and its step, where the checkpoints and metrics are,
+    and the next commands with those paths."""
+    from .loading import read_checkpoint
+
+    lines = [f"fit done: {trainer.global_step} steps."]
+    best = checkpoint.best_model_path
+    if best and checkpoint.best_model_score is not None:
+        step = read_checkpoint(best, mmap=True).get("global_step", "?")
+        lines[0] += f" Best {monitor_label} {float(checkpoint.best_model_score):.2f} at step {step}."
+    files = [("best.ckpt", best), ("last.ckpt", str(checkpoint.last_path))]
+    files += [("metrics.csv", logger.experiment.metrics_file_path) for logger in trainer.loggers
+              if isinstance(logger, CSVLogger)]
+    offline_runs = [str(Path(logger.experiment.dir).parent) for logger in trainer.loggers
+                    if isinstance(logger, WandbLogger) and logger.experiment.offline]
+    files = [(name, path) for name, path in files if path and Path(path).is_file()]
+    files += [("W&B run", run) for run in offline_runs]
+    width = max((len(name) for name, _ in files), default=0)
+    lines += [f"  {name:{width}}  {_shown(path)}" for name, path in files]
+    if best and Path(best).is_file():
+        export_dir = _shown(str(Path(best).parent.parent / "export"))
+        lines += ["next:", f"  sentemb evaluate --model {_shown(best)} --tasks sts",
+                  f"  sentemb export {_shown(best)} {export_dir}"]
+        lines += [f"  wandb sync {_shown(run)}    (upload the offline W&B run)" for run in offline_runs]
+    return "\n".join(lines)
+
+
+def _shown(path: str) -> str:
+    """`path` relative to the working directory when it lies below it (as the user typed it)."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative

@@ -1,0 +1,289 @@
+"""The `README.md` model card every export carries, in the Hugging Face format.
+
+Front matter (YAML) for the hub: `library_name: sentence-transformers`, `pipeline_tag:
+sentence-similarity`, `base_model` (when the backbone is a hub id), tags, and `model-index` with the
+scores the export knows of: the STS-B dev score `best.ckpt` was selected by (kept in the checkpoint)
+and the scores of `sentemb evaluate --output` given to `sentemb export --results`. Then, for a
+reader: the method, its paper and citation, what the embedding is (pooling, template, prefix), the
+training configuration that matters, the scores, and how to load it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from ..errors import SentEmbUserError
+
+if TYPE_CHECKING:
+    from ..methods.base import SentEmbMethod
+
+__all__ = ["RunFacts", "model_card", "read_results", "run_facts"]
+
+
+@dataclass(frozen=True)
+class Paper:
+    title: str
+    url: str
+    bibtex: str
+
+
+PAPERS = {
+    "SimCSE": Paper(
+        "SimCSE: Simple Contrastive Learning of Sentence Embeddings (Gao et al., EMNLP 2021)",
+        "https://aclanthology.org/2021.emnlp-main.552",
+        """@inproceedings{gao2021simcse,
+  title = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
+  year = {2021},
+  url = {https://aclanthology.org/2021.emnlp-main.552}
+}""",
+    ),
+    "PromptBERT": Paper(
+        "PromptBERT: Improving BERT Sentence Embeddings with Prompts (Jiang et al., EMNLP 2022)",
+        "https://arxiv.org/abs/2201.04337",
+        """@inproceedings{jiang2022promptbert,
+  title = {{PromptBERT}: Improving {BERT} Sentence Embeddings with Prompts},
+  author = {Jiang, Ting and Jiao, Jian and Huang, Shaohan and Zhang, Zihan and Wang, Deqing and Zhuang, Fuzhen
+            and Wei, Furu and Huang, Haizhen and Deng, Denvy and Zhang, Qi},
+  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
+  year = {2022},
+  url = {https://arxiv.org/abs/2201.04337}
+}""",
+    ),
+    "ConPVP": Paper(
+        "Contrastive Learning with Prompt-derived Virtual Semantic Prototypes for Unsupervised Sentence Embedding "
+        "(Zeng et al., Findings of EMNLP 2022)",
+        "https://aclanthology.org/2022.findings-emnlp.522",
+        """@inproceedings{zeng2022conpvp,
+  title = {Contrastive Learning with Prompt-derived Virtual Semantic Prototypes for Unsupervised Sentence Embedding},
+  author = {Zeng, Jiali and Yin, Yongjing and Jiang, Yufan and Wu, Shuangzhi and Cao, Yunbo},
+  booktitle = {Findings of the Association for Computational Linguistics: EMNLP 2022},
+  year = {2022},
+  url = {https://aclanthology.org/2022.findings-emnlp.522}
+}""",
+    ),
+    "DCPCSE": Paper(
+        "Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings (Jiang & Wang, 2022)",
+        "https://arxiv.org/abs/2203.06875",
+        """@article{jiang2022dcpcse,
+  title = {Deep Continuous Prompt for Contrastive Learning of Sentence Embeddings},
+  author = {Jiang, Yuxin and Wang, Wei},
+  journal = {arXiv preprint arXiv:2203.06875},
+  year = {2022},
+  url = {https://arxiv.org/abs/2203.06875}
+}""",
+    ),
+    "ClusterNS": Paper(
+        "Clustering-Aware Negative Sampling for Unsupervised Sentence Representation (Deng et al., Findings of ACL "
+        "2023)",
+        "https://aclanthology.org/2023.findings-acl.555",
+        """@inproceedings{deng2023clusterns,
+  title = {Clustering-Aware Negative Sampling for Unsupervised Sentence Representation},
+  author = {Deng, Jinghao and Wan, Fanqi and Yang, Tao and Quan, Xiaojun and Wang, Rui},
+  booktitle = {Findings of the Association for Computational Linguistics: ACL 2023},
+  year = {2023},
+  url = {https://aclanthology.org/2023.findings-acl.555}
+}""",
+    ),
+}
+
+# model-index datasets: STS tasks as MTEB names them on the hub, transfer tasks as SentEval does
+STS_DATASETS = {
+    "STS12": "mteb/sts12-sts", "STS13": "mteb/sts13-sts", "STS14": "mteb/sts14-sts", "STS15": "mteb/sts15-sts",
+    "STS16": "mteb/sts16-sts", "STSBenchmark": "mteb/stsbenchmark-sts", "SICKRelatedness": "mteb/sickr-sts",
+}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the checkpoint says about its run (`run_facts`)."""
+
+    step: int | None = None
+    dev_score: float | None = None  # STS-B dev of this very state, when it is the selected best.ckpt
+    data: dict[str, Any] = field(default_factory=dict)  # the data module's arguments
+    seed: int | None = None
+
+
+def run_facts(checkpoint_path: str | os.PathLike, trust_checkpoint: bool = False) -> RunFacts:
+    """Step, STS-B dev, data arguments and seed of a checkpoint written by `sentemb fit`."""
+    from ..loading import read_checkpoint
+
+    checkpoint = read_checkpoint(checkpoint_path, trust_checkpoint=trust_checkpoint, mmap=True)
+    dev_score = None
+    for key, state in checkpoint.get("callbacks", {}).items():
+        selected = isinstance(state, dict) and state.get("best_model_score") is not None
+        if key.startswith("SentEmbCheckpoint") and selected and \
+                Path(state.get("best_model_path", "")).name == Path(checkpoint_path).name:
+            dev_score = round(float(state["best_model_score"]), 2)
+    data = {k: v for k, v in checkpoint.get("datamodule_hyper_parameters", {}).items() if not k.startswith("_")}
+    return RunFacts(checkpoint.get("global_step"), dev_score, data, checkpoint.get("sentemb_run_seed"))
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """The results of one model from `sentemb evaluate --output` (its JSON file, or its folder)."""
+    path = Path(path)
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        results = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise SentEmbUserError(f"--results {path}: not a results file of `sentemb evaluate --output` ({error})") from error
+    if not isinstance(results, dict) or not results:
+        raise SentEmbUserError(f"--results {file}: holds no results")
+    if not {"sts", "transfer", "clustering"} & set(results):  # several models: {label: results}
+        if len(results) != 1:
+            raise SentEmbUserError(f"--results {file} holds {len(results)} models ({', '.join(results)}); "
+                                   "evaluate this checkpoint alone and pass its results")
+        results = next(iter(results.values()))
+    return results
+
+
+def model_card(
+    method: SentEmbMethod, folder: Path, title: str, facts: RunFacts | None = None,
+    results: dict[str, Any] | None = None,
+) -> str:
+    """The model card of the export written in `folder` (its modules.json says how it loads), named
+    `title` (the export folder's name)."""
+    facts = facts or RunFacts()
+    name = type(method).__name__
+    papers = _papers(type(method))
+    index = _model_index(title, facts, results or {})
+    front = {
+        "library_name": "sentence-transformers",
+        "pipeline_tag": "sentence-similarity",
+        **({"base_model": method.hparams.backbone} if _is_hub_id(method.hparams.backbone) else {}),
+        "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction", "lightning_sentemb",
+                 *dict.fromkeys(p.lower() for p in papers)],
+        **({"model-index": index} if index else {}),
+    }
+    own = _own_arguments(method)
+    lines = [
+        "---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip(), "---", "",
+        f"# {title}", "",
+        f"A sentence-embedding model trained with **{name}** by lightning_sentemb on `{method.hparams.backbone}`.", "",
+        "## Method", "",
+        *(f"- {papers[p].title}: {papers[p].url}" for p in papers), "",
+        "## The embedding", "",
+        *_embedding_lines(method), "",
+        "## Training", "",
+        *_training_lines(method, facts, own), "",
+    ]
+    scores = _score_lines(facts, results or {})
+    if scores:
+        lines += ["## Scores", "", *scores, ""]
+    lines += [
+        "## Usage", "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        "",
+        f'model = SentenceTransformer("{title}"{", trust_remote_code=True" if _needs_our_code(folder) else ""})',
+        'embeddings = model.encode(["A man is playing a guitar.", "Someone plays an instrument."])',
+        "print(model.similarity(embeddings, embeddings))",
+        "```", "",
+        *(["Its first module is lightning_sentemb's own (`pip install lightning_sentemb`); "
+           "`trust_remote_code=True` lets sentence-transformers import it.", ""] if _needs_our_code(folder) else []),
+        "`transformers.AutoModel.from_pretrained` loads the backbone alone"
+        + (" (without the template, prompt or prefix)." if _needs_our_code(folder) else "."), "",
+        "## Citation", "",
+        *(block for p in papers for block in ("```bibtex", papers[p].bibtex, "```", "")),
+    ]
+    return "\n".join(lines)
+
+
+def _papers(cls: type) -> dict[str, Paper]:
+    """The papers of every method class `cls` builds on (ClusterNSPrompt: ClusterNS and PromptBERT)."""
+    names = [c.__name__ for c in cls.__mro__]
+    found = {name: PAPERS[name] for name in names if name in PAPERS}
+    if "ClusteringObjective" in names:  # the ClusterNS mixin names no paper itself
+        found = {"ClusterNS": PAPERS["ClusterNS"], **found}
+    return found
+
+
+def _is_hub_id(name: str) -> bool:
+    """`namespace/name` or `name` on the hub, not a folder or `pkg:`."""
+    return not name.startswith(("pkg:", ".", "/", "~")) and name.count("/") <= 1 and not os.path.exists(name)
+
+
+def _needs_our_code(folder: Path) -> bool:
+    modules = json.loads((folder / "modules.json").read_text())
+    return any(not module["type"].startswith("sentence_transformers.") for module in modules)
+
+
+def _own_arguments(method: SentEmbMethod) -> dict[str, Any]:
+    """The method's own hyperparameters: those the shared base does not take."""
+    from ..methods.base import SentEmbMethod
+
+    shared = set(inspect.signature(SentEmbMethod.__init__).parameters)
+    return {k: v for k, v in method.hparams.items() if k not in shared and not k.startswith("_")}
+
+
+def _embedding_lines(method: SentEmbMethod) -> list[str]:
+    hp = method.hparams
+    pooling = "the hidden state at the template's mask token" if hp.pooler == "mask" else f"`{hp.pooler}` pooling"
+    lines = [f"- Pooling: {pooling}; {'a Linear+Tanh layer after it' if method.eval_mlp is not None else 'no MLP'} "
+             f"at inference (training MLP: `{hp.mlp}`).",
+             f"- Dimension: {method.output_size}; inputs truncated at {method.eval_length} tokens."]
+    templates = getattr(method.encoder.format, "templates", None)
+    if templates:
+        denoise = " (template-bias denoising on)" if hp.get("denoise_test") else ""
+        lines.append(f"- Template: `{templates[0].text}`{denoise}.")
+    if "prefix_len" in hp:
+        lines.append(f"- A trained deep prefix of {hp.prefix_len} vectors per layer on the frozen backbone.")
+    return lines
+
+
+def _training_lines(method: SentEmbMethod, facts: RunFacts, own: dict[str, Any]) -> list[str]:
+    hp, data = method.hparams, facts.data
+    shared = {
+        "backbone": hp.backbone, "steps trained": facts.step, "batch size (per device)": data.get("batch_size"),
+        "learning rate": hp.lr, "temperature": hp.temperature, "max sequence length": data.get("max_seq_len"),
+        "training corpus": data.get("train_file"), "MLM weight": hp.mlm_weight or None, "seed": facts.seed,
+    }
+    rows = [(key, value) for key, value in {**shared, **own}.items() if value is not None]
+    return ["| setting | value |", "|---|---|", *(f"| {key} | `{value}` |" for key, value in rows)]
+
+
+def _score_lines(facts: RunFacts, results: dict[str, Any]) -> list[str]:
+    lines = []
+    if facts.dev_score is not None:
+        lines.append(f"STS-B dev (Spearman ×100), the score this checkpoint was selected by: {facts.dev_score:.2f}.")
+    sts = results.get("sts", {})
+    if sts:
+        lines += ["", "STS test sets, Spearman ×100 of cosine similarities (`sentemb evaluate`):", "",
+                  "| " + " | ".join(sts) + " |", "|" + "---|" * len(sts),
+                  "| " + " | ".join(f"{value:.2f}" for value in sts.values()) + " |"]
+    transfer = {task: r["acc"] for task, r in results.get("transfer", {}).items() if "acc" in r}
+    if transfer:
+        lines += ["", "Transfer tasks, accuracy (%):", "", "| " + " | ".join(transfer) + " |",
+                  "|" + "---|" * len(transfer), "| " + " | ".join(f"{v:.2f}" for v in transfer.values()) + " |"]
+    return lines
+
+
+def _model_index(name: str, facts: RunFacts, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """HF `model-index` entries: one per scored data set."""
+
+    def entry(task: str, task_name: str, dataset: str, dataset_name: str, split: str, metric: str, value: float):
+        return {"task": {"type": task, "name": task_name},
+                "dataset": {"type": dataset, "name": dataset_name, "split": split},
+                "metrics": [{"type": metric, "value": round(float(value), 2)}]}
+
+    found = []
+    if facts.dev_score is not None:
+        found.append(entry("sentence-similarity", "Semantic Textual Similarity", STS_DATASETS["STSBenchmark"],
+                           "STS Benchmark (dev)", "validation", "spearman_cosine", facts.dev_score))
+    for task, value in results.get("sts", {}).items():
+        if task in STS_DATASETS:
+            found.append(entry("sentence-similarity", "Semantic Textual Similarity", STS_DATASETS[task], task, "test",
+                               "spearman_cosine", value))
+    for task, result in results.get("transfer", {}).items():
+        if "acc" in result:
+            found.append(entry("text-classification", "SentEval transfer", task, task, "test", "accuracy",
+                               result["acc"]))
+    return [{"name": name, "results": found}] if found else []
