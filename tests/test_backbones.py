@@ -338,3 +338,6 @@ def test_export_round_trip_through_sentence_transformers(name: str, backbone: st
     model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
     torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), method.encode(SENTENCES),
                                atol=1e-5, rtol=1e-5)
+    card = (folder / "README.md").read_text()
+    if name == "PromptBERT" and backbone == "tiny_qwen2":  # the model card says what the embedding is
+        assert "template's last token" in card and "Scaling Sentence Embeddings with Large Language Models" in card

@@ -81,6 +81,17 @@ PAPERS = {
   url = {https://arxiv.org/abs/2203.06875}
 }""",
     ),
+    "PromptEOL": Paper(
+        "Scaling Sentence Embeddings with Large Language Models (Jiang et al., Findings of EMNLP 2024)",
+        "https://arxiv.org/abs/2307.16645",
+        """@article{jiang2023prompteol,
+  title = {Scaling Sentence Embeddings with Large Language Models},
+  author = {Jiang, Ting and Huang, Shaohan and Luan, Zhongzhi and Wang, Deqing and Zhuang, Fuzhen},
+  journal = {arXiv preprint arXiv:2307.16645},
+  year = {2023},
+  url = {https://arxiv.org/abs/2307.16645}
+}""",
+    ),
     "ClusterNS": Paper(
         "Clustering-Aware Negative Sampling for Unsupervised Sentence Representation (Deng et al., Findings of ACL "
         "2023)",
@@ -153,7 +164,7 @@ def model_card(
     `title` (the export folder's name)."""
     facts = facts or RunFacts()
     name = type(method).__name__
-    papers = _papers(type(method))
+    papers = _papers(type(method), method.encoder.family.causal)
     index = _model_index(title, facts, results or {})
     front = {
         "library_name": "sentence-transformers",
@@ -197,10 +208,13 @@ def model_card(
     return "\n".join(lines)
 
 
-def _papers(cls: type) -> dict[str, Paper]:
-    """The papers of every method class `cls` builds on (ClusterNSPrompt: ClusterNS and PromptBERT)."""
+def _papers(cls: type, causal: bool) -> dict[str, Paper]:
+    """The papers of every method class `cls` builds on (ClusterNSPrompt: ClusterNS and PromptBERT);
+    a template method on a causal decoder adds PromptEOL, whose readout it uses."""
     names = [c.__name__ for c in cls.__mro__]
     found = {name: PAPERS[name] for name in names if name in PAPERS}
+    if causal and "PromptBERT" in found:
+        found["PromptEOL"] = PAPERS["PromptEOL"]
     if "ClusteringObjective" in names:  # the ClusterNS mixin names no paper itself
         found = {"ClusterNS": PAPERS["ClusterNS"], **found}
     return found
@@ -226,7 +240,8 @@ def _own_arguments(method: SentEmbMethod) -> dict[str, Any]:
 
 def _embedding_lines(method: SentEmbMethod) -> list[str]:
     hp = method.hparams
-    pooling = "the hidden state at the template's mask token" if hp.pooler == "mask" else f"`{hp.pooler}` pooling"
+    readout = "last token" if method.encoder.family.template_readout == "last" else "mask token"
+    pooling = f"the hidden state at the template's {readout}" if hp.pooler == "mask" else f"`{hp.pooler}` pooling"
     lines = [f"- Pooling: {pooling}; {'a Linear+Tanh layer after it' if method.eval_mlp is not None else 'no MLP'} "
              f"at inference (training MLP: `{hp.mlp}`).",
              f"- Dimension: {method.output_size}; inputs truncated at {method.eval_length} tokens."]
@@ -245,6 +260,7 @@ def _training_lines(method: SentEmbMethod, facts: RunFacts, own: dict[str, Any])
         "backbone": hp.backbone, "steps trained": facts.step, "batch size (per device)": data.get("batch_size"),
         "learning rate": hp.lr, "temperature": hp.temperature, "max sequence length": data.get("max_seq_len"),
         "training corpus": data.get("train_file"), "MLM weight": hp.mlm_weight or None, "seed": facts.seed,
+        "LoRA (merged into the weights unless exported adapter-only)": hp.get("lora"),
     }
     rows = [(key, value) for key, value in {**shared, **own}.items() if value is not None]
     return ["| setting | value |", "|---|---|", *(f"| {key} | `{value}` |" for key, value in rows)]
