@@ -16,7 +16,6 @@ import copy
 
 import pytest
 import torch
-from torch import nn
 from transformers import AutoModel
 
 from lightning_sentemb.backbones import UnsupportedBackbone
@@ -26,6 +25,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
+from tests.test_padding_free import loss_and_grads, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table .",
@@ -56,13 +56,6 @@ REFUSED = {
 def quiet(method: SentEmbMethod) -> SentEmbMethod:
     method.log = lambda *args, **kwargs: None
     method.log_dict = lambda *args, **kwargs: None
-    return method
-
-
-def without_dropout(method: nn.Module) -> nn.Module:
-    for module in method.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
     return method
 
 
@@ -188,13 +181,6 @@ PACKED_METHODS = {
     "dcpcse_zero": lambda path, family: DCPCSE(path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: ClusterNS(path, pooler="avg", num_clusters=2),
 }
-
-
-def loss_and_grads(method: SentEmbMethod, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    method.zero_grad(set_to_none=True)
-    loss = method.training_step(copy.deepcopy(batch), 0)
-    loss.backward()
-    return loss.detach(), {n: p.grad.clone() for n, p in method.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("backbone", NEW_FAMILIES)

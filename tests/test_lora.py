@@ -22,6 +22,7 @@ from lightning_sentemb.export import export
 from lightning_sentemb.loading import load_method
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from tests.test_grad_cache import CHUNK, examples, gradients, relative_error
+from tests.test_padding_free import without_dropout
 from tests.test_resume import MAX_STEPS, KILL_AT, TerminateAt, fit, read_losses, run_args, trained_state
 
 SENTENCES = ["a man is playing a guitar", "an old cat sat on the mat", "a woman is slicing an onion today ."]
@@ -53,13 +54,6 @@ def randomize_adapters(method: nn.Module) -> nn.Module:
         for name, parameter in method.named_parameters():
             if "lora_B" in name:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return method
-
-
-def without_dropout(method: nn.Module) -> nn.Module:
-    for module in method.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
     return method
 
 
