@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
@@ -176,6 +177,15 @@ class SentEmbMethod(LightningModule):
         if self._run_seed is None:
             self._run_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         return self._run_seed
+
+    def on_fit_start(self) -> None:
+        """Under DDP, no broadcast of the buffers before every forward, a collective per step for
+        nothing: every rank holds the same buffers by construction (the backbone's constant
+        position ids; ClusterNS's centroids, computed identically from the all-gathered batch)."""
+        model = self.trainer.strategy.model
+        if isinstance(model, DistributedDataParallel):
+            model.forward_sync_buffers = False  # torch >= 2.13
+            model.broadcast_buffers = False  # its name before
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Seed torch (CPU and CUDA), numpy and random from (run seed, rank, epoch, batch): dropout,
