@@ -219,7 +219,8 @@ class SentEmbMethod(LightningModule):
             loss, logs = self.step_loss(batch)
         # collate may give "batch_size" when its features hold extra rows (e.g. template-bias rows)
         batch_size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch_size)
+        # not prog_bar: Lightning would read it back every step; `SentEmbProgressBar` shows it at log steps
+        self.log("train/loss", loss, batch_size=batch_size)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=batch_size)
         return loss
 
