@@ -246,3 +246,28 @@ def _alive(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_prepare_data_tokenizes_and_setup_only_opens(tiny_bert, sts_fixture, tmp_path, monkeypatch):
+    """What every rank runs (`setup`) never tokenizes: it opens what `prepare_data` wrote, and says
+    where that is when it is not there."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from lightning_sentemb.data.datamodule import SentEmbDataModule
+    from lightning_sentemb.methods import SimCSE
+
+    data = SentEmbDataModule(data_dir=str(sts_fixture), batch_size=4, cache_dir=str(tmp_path / "cache"),
+                             prepare_data_per_node=False)
+    assert data.prepare_data_per_node is False  # Lightning's switch: once per job instead of once per node
+    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), lightning_module=SimCSE(tiny_bert),
+                                   world_size=1)
+    with pytest.raises(SentEmbUserError, match=r"wiki1m_for_simcse-\w+\.arrow: the tokenized training corpus is not "
+                                               r"there; `prepare_data` writes it before `setup`"):
+        data.setup("fit")
+    data.prepare_data()
+    monkeypatch.setattr(corpus, "CorpusReader", lambda *a, **k: pytest.fail("setup tokenized"))
+    data.setup("fit")
+    assert len(data.train_dataset) == 160
+    assert data.train_dataset.cache_files[0]["filename"].startswith(str(tmp_path / "cache"))
