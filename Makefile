@@ -48,6 +48,7 @@ bench: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/methods.py --bf16
 	$(BIN)/python benchmarks/gradcache.py
+	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py
 
 # CUDA image with `sentemb` as entry point (docker/README.md); its install step is `make install`.
 docker:

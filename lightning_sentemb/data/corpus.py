@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import IO
 
@@ -74,32 +74,39 @@ class CorpusReader:
         self.examples = 0
 
     def __iter__(self) -> Iterator[Chunk]:
-        rows = self._csv_rows() if self.path.suffix == ".csv" else self._txt_rows()
-        chunk: Chunk | None = None
-        for row in rows:
-            if chunk is None:
-                chunk = {column: [] for column in row}
-            for column, text in row.items():
-                chunk[column].append(text)
-            self.examples += 1
-            if len(chunk["sent0"]) == CHUNK_ROWS:
-                yield chunk
-                chunk = None
-            if self.examples == self.max_examples:
-                break
-        if chunk is not None:
-            yield chunk
+        buffered: Chunk = {}
+        for part in self._csv_parts() if self.path.suffix == ".csv" else self._txt_parts():
+            for column, texts in part.items():
+                buffered.setdefault(column, []).extend(texts)
+            while len(buffered["sent0"]) >= CHUNK_ROWS or self._reaches_limit(len(buffered["sent0"])):
+                yield self._take(buffered)
+                if self.examples == self.max_examples:
+                    return
+        if buffered.get("sent0"):
+            yield self._take(buffered)
 
-    def _txt_rows(self) -> Iterator[dict[str, str]]:
+    def _reaches_limit(self, buffered: int) -> bool:
+        return self.max_examples is not None and self.examples + buffered >= self.max_examples
+
+    def _take(self, buffered: Chunk) -> Chunk:
+        """The next chunk off the front of `buffered`: `CHUNK_ROWS` examples, fewer at the end or the limit."""
+        n = min(CHUNK_ROWS, len(buffered["sent0"]))
+        if self.max_examples is not None:
+            n = min(n, self.max_examples - self.examples)
+        chunk = {column: texts[:n] for column, texts in buffered.items()}
+        for texts in buffered.values():
+            del texts[:n]
+        self.examples += n
+        return chunk
+
+    def _txt_parts(self) -> Iterator[Chunk]:
         for text in self._text_blocks():
-            for line in text.splitlines():
-                sentence = line.strip()
-                if sentence:
-                    yield {"sent0": sentence}
-                else:
-                    self.blank_lines += 1
+            lines = text.splitlines()
+            sentences = [sentence for sentence in map(str.strip, lines) if sentence]
+            self.blank_lines += len(lines) - len(sentences)
+            yield {"sent0": sentences}
 
-    def _csv_rows(self) -> Iterator[dict[str, str]]:
+    def _csv_parts(self) -> Iterator[Chunk]:
         # quoted fields may span lines: the csv reader gets the lines of every block in turn
         lines = chain.from_iterable(io.StringIO(text, newline="") for text in self._text_blocks())
         reader = csv.DictReader(lines)
@@ -107,8 +114,8 @@ class CorpusReader:
         if columns[:2] != ["sent0", "sent1"]:
             raise SentEmbUserError(f"{self.path}: an NLI csv needs a header with sent0,sent1[,hard_neg]; "
                                    f"got {reader.fieldnames}")
-        for row in reader:
-            yield {column: row[column] for column in columns}
+        while rows := list(islice(reader, CHUNK_ROWS)):
+            yield {column: [row[column] for row in rows] for column in columns}
 
     def _text_blocks(self) -> Iterator[str]:
         """The file decoded in blocks of whole lines (a block ends after a newline byte, which is

@@ -96,11 +96,12 @@ class ResumableBatchSampler:
         epoch = self.epoch
         generator = torch.Generator().manual_seed(batch_seed(self.seed, epoch))
         usable = self.num_examples // self.num_replicas * self.num_replicas
-        order = torch.randperm(self.num_examples, generator=generator)[:usable][self.rank :: self.num_replicas].tolist()
+        # a tensor (8 bytes an example), each batch's indices made Python ints only when it is drawn
+        order = torch.randperm(self.num_examples, generator=generator)[:usable][self.rank :: self.num_replicas]
         first = self.resume_point[1] if self.resume_point[0] == epoch else 0
         for b in range(first, len(self)):
             seed = batch_seed(self.seed, epoch, self.rank, b)
-            yield [(seed, i) for i in order[b * self.batch_size : (b + 1) * self.batch_size]]
+            yield [(seed, i) for i in order[b * self.batch_size : (b + 1) * self.batch_size].tolist()]
 
 
 class SeededExamples(Dataset):
