@@ -133,7 +133,8 @@ def measure_tokenization(impl: str, corpus: Path, cache: Path, workers: int) -> 
 def tokenization(options: argparse.Namespace, mirror: Path) -> None:
     print(f"\n1. Tokenization of wiki1m repeated ({BACKBONE} tokenizer, 30 tokens); peak memory over the process "
           "tree: RSS sum | PSS sum | main VmHWM")
-    print(f"{'lines':>10} {'implementation':<26} {'seconds':>8} {'lines/s':>10} {'RSS MiB':>8} {'PSS MiB':>8} {'HWM MiB':>8}")
+    print(f"{'lines':>10} {'implementation':<26} {'seconds':>8} {'lines/s':>10} "
+          f"{'RSS MiB':>8} {'PSS MiB':>8} {'HWM MiB':>8}")
     with tempfile.TemporaryDirectory(prefix="sentemb-bench-") as folder:
         for lines in options.lines:
             corpus = Path(folder) / f"corpus-{lines}.txt"

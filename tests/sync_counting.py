@@ -230,8 +230,8 @@ class StepCounter(Callback):
     def table(self) -> str:
         """One line per (step, owner, where, what) with its count."""
         counts = Counter(self.records)
-        return "\n".join(f"{r.step!s:>10}  {r.owner:<42} {r.what:<20} x{n}  {r.where}"
-                         for r, n in sorted(counts.items(), key=lambda item: (str(item[0].step).zfill(10), item[0].owner)))
+        ordered = sorted(counts.items(), key=lambda item: (str(item[0].step).zfill(10), item[0].owner))
+        return "\n".join(f"{r.step!s:>10}  {r.owner:<42} {r.what:<20} x{n}  {r.where}" for r, n in ordered)
 
 
 def _copies_to_host(tensor: torch.Tensor, args: tuple, kwargs: dict) -> bool:
@@ -257,6 +257,6 @@ class _ReadingOps(TorchDispatchMode):
             isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] or ()
         ):
             self.counter.record("boolean index")
-        elif func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor) and kwargs.get("output_size") is None:
+        elif func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor) and not kwargs.get("output_size"):
             self.counter.record("repeat_interleave")
         return func(*args, **kwargs)

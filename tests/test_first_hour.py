@@ -239,8 +239,8 @@ def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     from lightning_sentemb.progress import SentEmbProgressBar
 
     bar = SentEmbProgressBar(SELECTION_METRIC)
-    trainer = SimpleNamespace(progress_bar_metrics={}, loggers=[], max_epochs=-1,
-                              callback_metrics={"train/loss": torch.tensor(6.7e-4), SELECTION_METRIC: torch.tensor(81.234)})
+    logged = {"train/loss": torch.tensor(6.7e-4), SELECTION_METRIC: torch.tensor(81.234)}
+    trainer = SimpleNamespace(progress_bar_metrics={}, loggers=[], max_epochs=-1, callback_metrics=logged)
     bar.read_metric(trainer, "train/loss", "train/loss")  # at a log step
     bar.read_metric(trainer, SELECTION_METRIC, "STS-B dev")  # after a validation
     metrics = bar.get_metrics(trainer, None)

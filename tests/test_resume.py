@@ -150,6 +150,8 @@ def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, cor
     assert reference.returncode == 0, reference.stderr[-3000:]
     stopped = launch(tmp_path / "run", tmp_path / "run.jsonl", "kill")
     assert stopped.returncode == 143, stopped.stderr[-3000:]
+    # under DDP the ranks agree to stop at the next decision point: here the validation of step 5
+    assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 5
     resumed = launch(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_losses(tmp_path / "run.jsonl") == read_losses(tmp_path / "reference.jsonl")
@@ -295,7 +297,8 @@ def test_collapse_warning(recwarn):
     from lightning_sentemb.callbacks.run_state import TrainingGuard
 
     guard = TrainingGuard("val/STS")
-    trainer = SimpleNamespace(global_step=10, world_size=2, sanity_checking=False, callback_metrics={}, log_every_n_steps=50,
+    trainer = SimpleNamespace(global_step=10, log_every_n_steps=50, world_size=2, sanity_checking=False,
+                              callback_metrics={},
                               state=SimpleNamespace(fn=TrainerFn.FITTING),
                               strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
     batch = {"num_views": 2, "batch_size": 8}

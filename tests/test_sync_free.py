@@ -51,6 +51,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_STEPS, LOG_EVERY = 6, 3
 QUIET_STEPS = {1, 2, 4, 5}  # not a log step, no validation, no end of fit
 PROMPT_METHODS = ("promptbert", "conpvp")
+ENCODERS = "lightning_sentemb/encoders/"
 PACKED_NONZERO = "encoders/packed.py: Packing's token index is a nonzero per forward (to be built in collate)"
 MASK_POOLER = "encoders/plain.py: pool('mask') reads bool(one mask per row) and boolean-indexes the mask positions"
 
@@ -108,8 +109,9 @@ def quiet_reads(counter: StepCounter, owner: str) -> list[Record]:
 def test_no_host_sync_per_step_outside_the_encoders(case, host_syncs):
     counter = host_syncs(case)
     print(f"\n{case_id(case)}: reads on steps {sorted(QUIET_STEPS)} by others than us:")
-    print("\n".join(f"  {r}" for r in sorted(set(quiet_reads(counter, "")), key=str) if not r.owner.startswith("lightning_sentemb/")))
-    ours = [r for r in quiet_reads(counter, "lightning_sentemb/") if not r.owner.startswith("lightning_sentemb/encoders/")]
+    others = sorted({r for r in quiet_reads(counter, "") if not r.owner.startswith("lightning_sentemb/")}, key=str)
+    print("\n".join(f"  {r}" for r in others))
+    ours = [r for r in quiet_reads(counter, "lightning_sentemb/") if not r.owner.startswith(ENCODERS)]
     assert not ours, counter.table()
     # the counter does see our reads: the guard's verdict at the log step
     assert any(r.step == LOG_EVERY and r.owner == "lightning_sentemb/callbacks/run_state.py" for r in counter.records)
@@ -124,7 +126,7 @@ def encoder_case(case: tuple[str, bool, bool]):
 
 @pytest.mark.parametrize("case", [encoder_case(case) for case in CASES])
 def test_no_host_sync_per_step_in_the_encoders(case, host_syncs):
-    reads = quiet_reads(host_syncs(case), "lightning_sentemb/encoders/")
+    reads = quiet_reads(host_syncs(case), ENCODERS)
     assert not reads, "\n".join(sorted({f"{r.owner} {r.what} {r.where}" for r in reads}))
 
 

@@ -245,7 +245,9 @@ class CentroidState(nn.Module):
         self.num_updates.add_(1)
 
     @torch.no_grad()
-    def advance_(self, embeddings: Tensor, assignment: Tensor, sigma: float, gamma: float, rule: UpdateRule = "mean") -> None:
+    def advance_(
+        self, embeddings: Tensor, assignment: Tensor, sigma: float, gamma: float, rule: UpdateRule = "mean"
+    ) -> None:
         """Algorithm 1 after one batch: once clustering has started, the momentum update with the
         batch's `assignment`; before, initialize from this batch when the σ criterion holds.
 

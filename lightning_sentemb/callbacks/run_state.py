@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
 
 from ..atomic_io import atomic_write
 from ..errors import SentEmbUserError
@@ -70,9 +70,10 @@ class SentEmbCheckpoint(ModelCheckpoint):
 
     The stop takes effect after the step the signal arrives in when training runs in one process.
     Under DDP all ranks must stop after the same step, and agreeing costs a collective, so the
-    ranks compare their flags only every `log_every_n_steps` steps and at steps that write
-    `last.ckpt`: a signal stops the run up to `log_every_n_steps - 1` steps after it arrives (10 by
-    default; keep SLURM's `--signal=TERM@<seconds>` above that many steps).
+    ranks compare their flags only every `log_every_n_steps` steps and where `last.ckpt` is written
+    anyway (every `every_n_train_steps` steps, after each validation): a signal stops the run up to
+    `log_every_n_steps - 1` steps after it arrives (10 by default; keep SLURM's
+    `--signal=TERM@<seconds>` above that many steps).
 
     When the last step of a fit is not a validation step, validation runs after it, so every fit
     reports STS-B dev and selects `best.ckpt` among all validated states.
@@ -133,20 +134,23 @@ class SentEmbCheckpoint(ModelCheckpoint):
         writing = n is not None and trainer.global_step % n == 0
         if writing:
             self.write_last(trainer, pl_module)
-        if self._stop_agreed(trainer, writing):
+        self._stop_if_agreed(trainer, pl_module, writing)
+
+    def _stop_if_agreed(self, trainer: Trainer, pl_module: LightningModule, writing: bool) -> None:
+        """Stop every rank here, `last.ckpt` saved, if a stop was asked. One process: its own flag,
+        every step (a host bool, no sync). DDP: one decision for all ranks (a signal may reach only
+        some), made by a collective only every `log_every_n_steps` steps and where `last.ckpt` is
+        written anyway (`writing`: every `every_n_train_steps` steps, after each validation)."""
+        if trainer.world_size == 1:
+            stop = self._stop_requested
+        elif trainer.global_step % trainer.log_every_n_steps and not writing:
+            stop = False
+        else:
+            stop = trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False)
+        if stop:
             self.write_last(trainer, pl_module)
             rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
             raise SIGTERMException
-
-    def _stop_agreed(self, trainer: Trainer, writing: bool) -> bool:
-        """Whether every rank stops after this step. One process: its own flag, every step (a host
-        bool, no sync). DDP: one decision for all ranks (a signal may reach only some), made by a
-        collective only every `log_every_n_steps` steps and when `last.ckpt` is written anyway."""
-        if trainer.world_size == 1:
-            return self._stop_requested
-        if trainer.global_step % trainer.log_every_n_steps and not writing:
-            return False
-        return trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False)
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         """`best.ckpt` (and any other write of `ModelCheckpoint`) after the guard's verdict."""
@@ -155,8 +159,9 @@ class SentEmbCheckpoint(ModelCheckpoint):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self.write_last(trainer, pl_module)
+            self._stop_if_agreed(trainer, pl_module, writing=True)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.write_last(trainer, pl_module)

@@ -205,10 +205,11 @@ def _serial_tokenizers_in_children() -> Iterator[None]:
 
 
 def tokenized_chunks(chunks: Iterable[Chunk], tokenize: ChunkTokenizer, workers: int) -> Iterator[dict]:
-    """`tokenize(chunk)` of every chunk, in order: in this process with `workers` <= 1, else in
-    `workers` forked processes with at most 2 chunks per worker in flight (the reader waits for the
-    oldest result before handing out more, so memory holds at most 2 × workers chunks)."""
-    if workers <= 1:
+    """`tokenize(chunk)` of every chunk, in order: in this process with `workers` <= 1 (or where
+    processes cannot fork), else in `workers` forked processes with at most 2 chunks per worker in
+    flight (the reader waits for the oldest result before handing out more, so memory holds at most
+    2 × workers chunks)."""
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield from map(tokenize, chunks)
         return
     gc.freeze()  # the workers share the parent's objects; a collection in them would copy their pages

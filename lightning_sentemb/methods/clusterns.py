@@ -124,7 +124,9 @@ class ClusteringObjective:
         state = self.cluster_state
         clusters = state.assign(all_anchors, self.global_step)
         self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, clusters.nearest
-        loss, stats = self.loss_fn(anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest)
+        loss, stats = self.loss_fn(
+            anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest
+        )
         if not state.is_initialized:  # perhaps started on the device: both losses, the flag picks
             plain, plain_stats = self.loss_fn(anchors, positives, labels)
             loss = torch.where(state.initialized, loss, plain)
