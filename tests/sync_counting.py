@@ -16,7 +16,9 @@ Attribution: a read or collective made under `torch.utils.data` is the loader's 
 DataLoader workers on a GPU machine: host work, no sync); otherwise it belongs to the innermost
 stack frame outside torch itself: `lightning_sentemb/<file>` for ours, else the third-party package
 (`lightning`, `transformers`, ...). A read inside a backward pass belongs to the forward operation
-it differentiates (autograd's anomaly mode keeps its stack), not to whoever called `backward`.
+it differentiates, not to whoever called `backward`: boolean-mask indexing (`x[mask]`,
+`x[mask] = v`), whose backward reads again, remembers where it ran; any other backward read is
+owned by "autograd".
 Each record carries the training step it happened in (batches started, 1-based) or the phase
 outside steps (validation).
 
@@ -25,7 +27,6 @@ Used by tests/test_sync_free.py and benchmarks/data.py.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 from collections import Counter
@@ -57,6 +58,7 @@ READING_OPS = {
     aten._local_scalar_dense: "item",
 }
 INDEXING_OPS = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+BOOLEAN = (torch.bool, torch.uint8)
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_to_all", "all_to_all_single",
                "reduce_scatter", "reduce_scatter_tensor", "broadcast", "reduce", "barrier", "all_gather_object",
                "broadcast_object_list", "gather", "scatter", "_broadcast_coalesced")
@@ -71,7 +73,6 @@ class Record:
 
 
 Frame = tuple[str, int, str]  # file, line, function
-TRACEBACK_LINE = re.compile(r'File "(.+?)", line (\d+), in (\S+)')
 
 
 def python_stack(frame: Any) -> list[Frame]:
@@ -81,13 +82,6 @@ def python_stack(frame: Any) -> list[Frame]:
         frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return frames
-
-
-def forward_stack(node: Any) -> list[Frame]:
-    """Where the forward operation of an autograd node ran (innermost first), from the traceback
-    anomaly mode keeps with it; empty when it kept none."""
-    lines = node.metadata.get("traceback_", [])
-    return [(f, int(n), name) for f, n, name in TRACEBACK_LINE.findall("".join(lines))][::-1]
 
 
 def owner_of(stack: list[Frame]) -> tuple[str, str]:
@@ -124,12 +118,13 @@ class StepCounter(Callback):
         self.records: list[Record] = []
         self.trainer: Trainer | None = None
         self._inside = threading.local()
+        self._forward_owners: dict[int, tuple[str, str]] = {}  # id(autograd node): (owner, where) of its forward
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.trainer = trainer
-        # anomaly mode keeps the forward stack of every autograd node (no NaN checks: they read
-        # back); set here, inside the fit, where Lightning's own `detect_anomaly` setting applies
-        torch.autograd.set_detect_anomaly(True, check_nan=False)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._forward_owners.clear()  # the previous step's graph is gone
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if isinstance(trainer.strategy.model, DistributedDataParallel):
@@ -146,9 +141,9 @@ class StepCounter(Callback):
             step: int | str = "validation"
         else:
             step = trainer.fit_loop.epoch_loop.batch_progress.total.ready
-        node = torch._C._current_autograd_node()  # a backward operation: attributed to its forward
-        if node is not None and forward_stack(node):
-            owner, where = owner_of(forward_stack(node))
+        node = torch._C._current_autograd_node()
+        if node is not None:  # a backward operation: attributed to its forward
+            owner, where = self._forward_owners.get(id(node), ("autograd", node.name()))
             what += " (backward)"
         else:
             owner, where = owner_of(python_stack(sys._getframe(1)))
@@ -178,13 +173,27 @@ class StepCounter(Callback):
 
             return read
 
+        def remember_boolean_index(name: str, original: Any) -> Any:
+            def index(tensor: torch.Tensor, key: Any, *value: Any) -> Any:
+                result = original(tensor, key, *value)
+                node = (tensor if name == "__setitem__" else result).grad_fn
+                keys = key if isinstance(key, tuple) else (key,)
+                if node is not None and any(isinstance(k, torch.Tensor) and k.dtype in BOOLEAN for k in keys):
+                    self._forward_owners[id(node)] = owner_of(python_stack(sys._getframe(1)))
+                return result
+
+            return index
+
+        indexing = {name: getattr(torch.Tensor, name) for name in ("__getitem__", "__setitem__")}
         for name, original in originals.items():
             setattr(torch.Tensor, name, wrap(name, original))
+        for name, original in indexing.items():
+            setattr(torch.Tensor, name, remember_boolean_index(name, original))
         try:
             with _ReadingOps(self):
                 yield
         finally:
-            for name, original in originals.items():
+            for name, original in {**originals, **indexing}.items():
                 setattr(torch.Tensor, name, original)
 
     # ----- collectives ---------------------------------------------------------------------
@@ -254,7 +263,7 @@ class _ReadingOps(TorchDispatchMode):
         if packet in READING_OPS:
             self.counter.record(READING_OPS[packet])
         elif packet in INDEXING_OPS and any(
-            isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] or ()
+            isinstance(i, torch.Tensor) and i.dtype in BOOLEAN for i in args[1] or ()
         ):
             self.counter.record("boolean index")
         elif func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor) and not kwargs.get("output_size"):

@@ -112,7 +112,8 @@ def test_no_host_sync_per_step_outside_the_encoders(case, host_syncs):
     others = sorted({r for r in quiet_reads(counter, "") if not r.owner.startswith("lightning_sentemb/")}, key=str)
     print("\n".join(f"  {r}" for r in others))
     ours = [r for r in quiet_reads(counter, "lightning_sentemb/") if not r.owner.startswith(ENCODERS)]
-    assert not ours, counter.table()
+    unattributed = quiet_reads(counter, "autograd")  # a backward read whose forward could be ours
+    assert not ours and not unattributed, counter.table()
     # the counter does see our reads: the guard's verdict at the log step
     assert any(r.step == LOG_EVERY and r.owner == "lightning_sentemb/callbacks/run_state.py" for r in counter.records)
 
