@@ -47,7 +47,8 @@ import lightning_sentemb
 PACKAGE = Path(lightning_sentemb.__file__).resolve().parent
 TORCH = str(Path(torch.__file__).resolve().parent) + "/"
 LOADER = TORCH + "utils/data/"
-AUTOGRAD_GATHER = TORCH + "distributed/nn/functional.py"
+AUTOGRAD_GATHER = TORCH + "distributed/nn/functional.py"  # what distributed.gather_with_grad calls
+GATHER_OWNER = "lightning_sentemb/distributed.py"
 REPO = PACKAGE.parent
 
 READ_METHODS = ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy", "cpu", "to", "nonzero")
@@ -89,8 +90,8 @@ def owner_of(stack: list[Frame]) -> tuple[str, str]:
     files = [name for name, _, _ in stack]
     if any(name.startswith(LOADER) for name in files):
         return "loader", ""
-    if AUTOGRAD_GATHER in files:  # its backward runs inside the autograd engine
-        return "lightning_sentemb/distributed.py", "gather_with_grad (autograd all-gather)"
+    if AUTOGRAD_GATHER in files:  # forward and backward (the autograd engine runs the latter)
+        return GATHER_OWNER, "gather_with_grad (autograd all-gather)"
     for name, line, function in stack:
         if name.startswith(TORCH) or name == __file__:
             continue
@@ -141,12 +142,11 @@ class StepCounter(Callback):
             step: int | str = "validation"
         else:
             step = trainer.fit_loop.epoch_loop.batch_progress.total.ready
+        owner, where = owner_of(python_stack(sys._getframe(1)))
         node = torch._C._current_autograd_node()
-        if node is not None:  # a backward operation: attributed to its forward
+        if node is not None and owner != GATHER_OWNER:  # a backward operation: attributed to its forward
             owner, where = self._forward_owners.get(id(node), ("autograd", node.name()))
             what += " (backward)"
-        else:
-            owner, where = owner_of(python_stack(sys._getframe(1)))
         self.records.append(Record(step, owner, where, what))
 
     @contextmanager
