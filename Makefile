@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/methods.py --bf16
 	$(BIN)/python benchmarks/gradcache.py
 	$(BIN)/python benchmarks/lora.py
+	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py
 
 # CUDA image with `sentemb` as entry point (docker/README.md); its install step is `make install`.
 docker:

@@ -250,8 +250,10 @@ def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     from lightning_sentemb.console import SentEmbProgressBar
 
     bar = SentEmbProgressBar(SELECTION_METRIC)
-    trainer = SimpleNamespace(progress_bar_metrics={"train/loss": torch.tensor(6.7e-4)}, loggers=[],
-                              callback_metrics={SELECTION_METRIC: torch.tensor(81.234)}, max_epochs=-1)
+    logged = {"train/loss": torch.tensor(6.7e-4), SELECTION_METRIC: torch.tensor(81.234)}
+    trainer = SimpleNamespace(progress_bar_metrics={}, loggers=[], max_epochs=-1, callback_metrics=logged)
+    bar.read_metric(trainer, "train/loss", "train/loss")  # at a log step
+    bar.read_metric(trainer, SELECTION_METRIC, "STS-B dev")  # after a validation
     metrics = bar.get_metrics(trainer, None)
     column = MetricsTextColumn(trainer, "", " ", bar.theme.metrics_format)
     column.update(metrics)

@@ -147,13 +147,13 @@ def test_state_buffers_exist_from_construction():
     assert {name for name, _ in state.named_buffers()} == {"centroids", "initialized", "num_updates"}
 
 
-def test_state_resume_restores_host_mirrors():
+def test_state_resume_restores_the_host_view():
     state = CentroidState(k=2, hidden_size=2)
     state.initialize_(CENTROIDS[:2])
     state.update_(EMBEDDINGS, torch.tensor([0, 0, 1, 0]), gamma=0.1)
     resumed = CentroidState(k=2, hidden_size=2)
     resumed.load_state_dict(state.state_dict())
-    assert resumed.is_initialized and resumed._num_updates == 1
+    assert resumed.is_initialized and int(resumed.num_updates) == 1
     torch.testing.assert_close(resumed.centroids, state.centroids)
 
 
@@ -162,15 +162,32 @@ def test_state_k_must_allow_a_second_nearest():
         CentroidState(k=1, hidden_size=4)
 
 
-def test_state_random_clusters_follow_update_count():
+def test_state_random_clusters_follow_the_step():
     state = CentroidState(k=3, hidden_size=2, random_clusters=True, seed=1)
     state.initialize_(CENTROIDS)
-    first = state.assign(EMBEDDINGS)
-    assert torch.equal(first.nearest, state.assign(EMBEDDINGS).nearest)  # loss and update agree
-    assert torch.equal(first.nearest, random_assign(EMBEDDINGS, CENTROIDS, seed=1, step=0).nearest)
-    state.update_(EMBEDDINGS, first.nearest, gamma=0.1)
-    expected = random_assign(EMBEDDINGS, state.centroids, seed=1, step=1).nearest
-    assert torch.equal(state.assign(EMBEDDINGS).nearest, expected)
+    first = state.assign(EMBEDDINGS, step=4)
+    assert torch.equal(first.nearest, state.assign(EMBEDDINGS, step=4).nearest)
+    assert torch.equal(first.nearest, random_assign(EMBEDDINGS, CENTROIDS, seed=1, step=4).nearest)
+    assert not torch.equal(first.nearest, state.assign(EMBEDDINGS, step=5).nearest)
+
+
+@pytest.mark.parametrize("sigma", [1.0, -1.0], ids=["criterion holds", "criterion fails"])
+def test_advance_before_the_host_knows_equals_the_host_branches(sigma):
+    """`advance_` on a state whose host view lags (the σ decision made on the device): the same
+    centroids and counters as the host-side branches, step after step."""
+    batches = [torch.randn(8, 2, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    device_side, host_side = CentroidState(k=3, hidden_size=2), CentroidState(k=3, hidden_size=2)
+    for batch in batches:
+        device_side.advance_(batch, device_side.assign(batch).nearest, sigma, gamma=0.1)
+        if host_side.is_initialized:
+            host_side.update_(batch, host_side.assign(batch).nearest, gamma=0.1)
+        elif bool(should_initialize(batch, sigma)):
+            host_side.initialize_(initial_centroids(batch, 3))
+    assert not device_side.is_initialized  # nothing read back
+    device_side.refresh_host_view()
+    assert device_side.is_initialized == host_side.is_initialized == (sigma == 1.0)
+    assert int(device_side.num_updates) == int(host_side.num_updates) == (3 if sigma == 1.0 else 0)
+    torch.testing.assert_close(device_side.centroids, host_side.centroids)
 
 
 def test_global_initialization_returns_member_means():
@@ -207,6 +224,7 @@ def test_ops_run_without_host_reads(monkeypatch: pytest.MonkeyPatch):
         state.update_(embeddings, result.nearest, gamma=0.01, rule="mean")
         update_centroids(state.centroids, embeddings, result.nearest, gamma=0.01, rule="sum")
         should_initialize(embeddings, sigma=0.4)
+        CentroidState(k=4, hidden_size=8).advance_(embeddings, result.nearest, sigma=0.4, gamma=0.01)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for sync debug mode")
@@ -221,6 +239,8 @@ def test_ops_run_without_cuda_sync():
             state.random_clusters = random_clusters
             state.update_(embeddings, state.assign(embeddings).nearest, gamma=1e-3)
         should_initialize(embeddings, sigma=0.4)
+        fresh = CentroidState(k=32, hidden_size=64).cuda()
+        fresh.advance_(embeddings, fresh.assign(embeddings).nearest, sigma=0.4, gamma=1e-3)
     finally:
         torch.cuda.set_sync_debug_mode(0)
 
@@ -236,10 +256,12 @@ class _Tiny(LightningModule):
         self.encoder = nn.Linear(4, 8)
         self.cluster_state = CentroidState(k=k, hidden_size=8)
         self.last_cluster_embeddings: Tensor | None = None
+        self.last_cluster_assignment: Tensor | None = None
 
     def training_step(self, batch: list[Tensor], batch_idx: int) -> Tensor:
         z = self.encoder(batch[0])
         self.last_cluster_embeddings = self.all_gather(z.detach()).reshape(-1, z.shape[-1])
+        self.last_cluster_assignment = self.cluster_state.assign(self.last_cluster_embeddings).nearest
         return z.pow(2).mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -283,7 +305,7 @@ def test_callback_initializes_then_updates_like_the_ops(tmp_path):
     trainer.save_checkpoint(path)
     resumed = _Tiny()
     resumed.load_state_dict(torch.load(path, weights_only=False)["state_dict"])
-    assert resumed.cluster_state.is_initialized and resumed.cluster_state._num_updates == 3
+    assert resumed.cluster_state.is_initialized and int(resumed.cluster_state.num_updates) == 3
     torch.testing.assert_close(resumed.cluster_state.centroids, expected)
 
 

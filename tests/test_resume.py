@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, LightningModule
 
 from lightning_sentemb.callbacks.run_state import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
@@ -69,7 +69,8 @@ def run_args(method: str, backbone: str, data: Path, corpus: Path, root: Path, w
     return [
         *METHODS[method], "--model.backbone", backbone, "--seed_everything", "7",
         "--data.data_dir", str(data), "--data.train_file", str(corpus), "--data.batch_size", "4",
-        "--data.num_workers", str(workers), "--data.cache_dir", str(root.parent / "cache"),
+        "--data.num_workers", str(workers), "--data.persistent_workers", "true",  # as the GPU presets (unused at 0)
+        "--data.cache_dir", str(root.parent / "cache"),
         "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.default_root_dir", str(root),
         "--trainer.max_steps", str(MAX_STEPS), "--trainer.val_check_interval", "5",
         "--trainer.check_val_every_n_epoch", "null", "--trainer.enable_progress_bar", "false",
@@ -149,6 +150,8 @@ def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, cor
     assert reference.returncode == 0, reference.stderr[-3000:]
     stopped = launch(tmp_path / "run", tmp_path / "run.jsonl", "kill")
     assert stopped.returncode == 143, stopped.stderr[-3000:]
+    # under DDP the ranks agree to stop at the next decision point: here the validation of step 5
+    assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 5
     resumed = launch(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_losses(tmp_path / "run.jsonl") == read_losses(tmp_path / "reference.jsonl")
@@ -246,6 +249,45 @@ def test_divergence_stops_the_run_and_is_never_checkpointed(tiny_bert, sts_fixtu
         assert all(torch.isfinite(t).all() for t in state.values() if t.is_floating_point()), path.name
 
 
+class DivergesAt(LightningModule):
+    """A linear model whose loss is NaN at one step (the weights are NaN from then on)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.diverging_step = step
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch[0]).pow(2).mean()
+        return loss * float("nan") if self.global_step + 1 == self.diverging_step else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(("log_every", "save_every", "seen_at"), [(5, None, 5), (100, 2, 4)],
+                         ids=["at a log step", "before a checkpoint"])
+def test_divergence_is_read_back_at_a_decision_point_and_never_checkpointed(log_every, save_every, seen_at, tmp_path):
+    """The NaN of step 3 is found at the next log step, or before the next checkpoint write; the line
+    names both steps, and no checkpoint holds step 3 or later."""
+    from lightning import Trainer
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_sentemb.callbacks.run_state import SentEmbCheckpoint, TrainingGuard
+
+    trainer = Trainer(max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, log_every_n_steps=log_every,
+                      plugins=[AtomicCheckpointIO()],
+                      callbacks=[TrainingGuard("val/score"), SentEmbCheckpoint(str(tmp_path), every_n_train_steps=save_every)])
+    data = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=2)
+    with pytest.raises(SentEmbUserError, match=rf"training diverged: loss nan at step 3 \(seen at step {seen_at}; "
+                                               r"no checkpoint holds a later state than step 2\)"):
+        trainer.fit(DivergesAt(3), data)
+    assert trainer.global_step == seen_at
+    saved = [checkpoint_step(path) for path in tmp_path.glob("*.ckpt")]
+    assert saved == ([2] if save_every else [])
+
+
 def test_collapse_warning(recwarn):
     import math
     from types import SimpleNamespace
@@ -255,7 +297,8 @@ def test_collapse_warning(recwarn):
     from lightning_sentemb.callbacks.run_state import TrainingGuard
 
     guard = TrainingGuard("val/STS")
-    trainer = SimpleNamespace(global_step=10, world_size=2, sanity_checking=False, callback_metrics={},
+    trainer = SimpleNamespace(global_step=10, log_every_n_steps=50, world_size=2, sanity_checking=False,
+                              callback_metrics={},
                               state=SimpleNamespace(fn=TrainerFn.FITTING),
                               strategy=SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision))
     batch = {"num_views": 2, "batch_size": 8}

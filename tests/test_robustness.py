@@ -48,7 +48,7 @@ class HalfWritten:
         block()
 export(HalfWritten(), Path(sys.argv[2]) / "export")
 """,
-    # the tokenizer stops after the first 2000-sentence batch has been written to the cache
+    # the tokenizer (in this process) stops after the first 2000-sentence chunk has been written to the cache
     "tokenized corpus": BLOCK + """
 from transformers import AutoTokenizer
 from lightning_sentemb.data import corpus
@@ -61,7 +61,7 @@ class Stalling(type(tokenizer)):
             block()
         return super().__call__(*args, **kwargs)
 tokenizer.__class__ = Stalling
-corpus.tokenized_corpus(Path(sys.argv[2]) / "corpus.txt", tokenizer, 30, Path(sys.argv[2]) / "cache")
+corpus.tokenize_corpus(Path(sys.argv[2]) / "corpus.txt", tokenizer, 30, Path(sys.argv[2]) / "cache", workers=1)
 """,
 }
 
@@ -94,12 +94,13 @@ def test_kill_9_during_a_write_leaves_the_previous_file_or_none(writer, tiny_ber
     if writer == "tokenized corpus":
         from transformers import AutoTokenizer
 
-        from lightning_sentemb.data.corpus import tokenized_corpus
+        from lightning_sentemb.data.corpus import open_tokenized_corpus, tokenize_corpus
 
         cache = tmp_path / "cache"
         assert any(p.stat().st_size for p in cache.iterdir()), "the kill came after some rows were written"
         assert not list(cache.glob("*.arrow")), "only a complete cache may carry the name a later run loads"
-        dataset = tokenized_corpus(tmp_path / "corpus.txt", AutoTokenizer.from_pretrained(tiny_bert), 30, cache)
+        tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+        dataset = open_tokenized_corpus(tokenize_corpus(tmp_path / "corpus.txt", tokenizer, 30, cache))
         assert len(dataset) == 4500 and len(list(cache.glob("*.arrow"))) == 1
 
 

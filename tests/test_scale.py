@@ -26,23 +26,32 @@ def printed_config(capsys, *args: str) -> dict:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: str(p.relative_to(REPO / "experiments")))
 def test_every_preset_is_a_second_config_for_the_experiment(experiment, capsys):
-    """A preset sets only hardware keys of the trainer (and at most the model's memory switches:
-    gradient-caching chunk and gradient checkpointing, which leave loss and gradient unchanged, and the
-    storage of a frozen backbone); the recipe is untouched."""
+    """A preset sets only hardware keys of the trainer, the data loader's workers and memory (and at
+    most the model's memory switches: gradient-caching chunk and gradient checkpointing, which leave
+    loss and gradient unchanged, and the storage of a frozen backbone); the recipe is untouched."""
     alone = printed_config(capsys, "-c", str(experiment))
     for preset in PRESETS:
         wanted = yaml.safe_load(preset.read_text())
         model = wanted.pop("model", {"init_args": {}})
+        data = wanted.pop("data", {})
         assert set(wanted) == {"trainer"} and set(model) == {"init_args"}, preset.name
         memory = {"grad_cache_chunk", "gradient_checkpointing", "backbone_dtype", "load_in_4bit"}
         assert set(model["init_args"]) <= memory, preset.name
+        assert set(data) <= {"num_workers", "persistent_workers", "pin_memory"}, preset.name
         combined = printed_config(capsys, "-c", str(experiment), "-c", str(preset))
         assert combined["trainer"] == {**alone["trainer"], **wanted["trainer"]}, preset.name
         expected = {**alone["model"], "init_args": {**alone["model"]["init_args"], **model["init_args"]}}
         assert combined["model"] == expected, preset.name
-        assert {k: v for k, v in combined.items() if k not in ("trainer", "model")} == {
-            k: v for k, v in alone.items() if k not in ("trainer", "model")
+        assert combined["data"] == {**alone["data"], **data}, preset.name
+        assert {k: v for k, v in combined.items() if k not in ("trainer", "model", "data")} == {
+            k: v for k, v in alone.items() if k not in ("trainer", "model", "data")
         }
+
+
+def test_gpu_presets_feed_the_loader_from_persistent_pinned_workers():
+    for preset in PRESETS:
+        data = yaml.safe_load(preset.read_text())["data"]
+        assert data["num_workers"] >= 2 and data["persistent_workers"] and data["pin_memory"], preset.name
 
 
 @pytest.mark.slow

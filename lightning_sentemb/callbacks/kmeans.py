@@ -14,7 +14,10 @@ Differences from the reference implementation (github.com/djz233/ClusterNS), on 
   is the `rule="sum"` option;
 - the centroids are updated after the optimizer step from the batch that was just trained on,
   so the loss at step t sees the centroids updated through step t-1 (the reference updates
-  with batch t first, then builds the loss): one γ-weighted update of lag.
+  with batch t first, then builds the loss): one γ-weighted update of lag;
+- nothing is read back to the host or exchanged between DDP ranks per step: the σ decision and
+  the initialization happen on the device (`CentroidState.advance_`), and every rank computes the
+  same centroids from the same all-gathered batch (the reference runs on one process).
 """
 
 from __future__ import annotations
@@ -95,8 +98,9 @@ def random_assign(embeddings: Tensor, centroids: Tensor, seed: int, step: int) -
     """Random clusters (the Table 2 ablation "repl. random clusters"): uniform cluster ids and a
     different uniform "second-nearest" id per sample.
 
-    Seeded by (seed, step) so the loss and the centroid update draw the same clusters for a
-    batch, every rank draws the same, and a resumed run continues the same sequence.
+    Seeded by (seed, step): every rank draws the same, and a resumed run continues the same
+    sequence. (The loss and the centroid update share one draw: the callback updates with the
+    assignment the loss used.)
     """
     n, k = embeddings.shape[0], centroids.shape[0]
     generator = torch.Generator(device=embeddings.device).manual_seed(seed * 2**32 + step)
@@ -110,11 +114,12 @@ def update_centroids(
     centroids: Tensor,
     embeddings: Tensor,
     assignment: Tensor,
-    gamma: float,
+    gamma: float | Tensor,
     rule: UpdateRule = "mean",
 ) -> Tensor:
     """Momentum update of the clusters that have members in the batch, in place:
-    c_k <- (1 - γ) c_k + γ t_k.
+    c_k <- (1 - γ) c_k + γ t_k. `gamma` may be a device scalar (0 makes it a no-op without a
+    host-side branch).
 
     `rule="mean"` (paper, Eq. 7-8): t_k is the mean of the members of cluster k.
     `rule="sum"` (reference code, `kmeans_optim="momentum"`): t_k is the *sum* of the members,
@@ -180,12 +185,15 @@ class CentroidState(nn.Module):
     """The centroids and their bookkeeping, owned by the method.
 
     Buffers exist from construction (step 0), so every checkpoint has them and `.to(device)`
-    moves them: `centroids` (K, H), `initialized` (bool), `num_updates` (long). Host-side mirrors
-    of `initialized` and `num_updates` (kept in step by the methods below and restored on
-    `load_state_dict`) let the training step branch without a device sync.
+    moves them: `centroids` (K, H), `initialized` (bool), `num_updates` (long). The device flag
+    `initialized` is the truth; `is_initialized` is the host's view of it, which lets the training
+    step skip the pre-clustering work without a device sync. It is exact after `initialize_` and
+    `load_state_dict`; when the σ criterion starts clustering on the device (`advance_`) the host
+    learns it at the next `refresh_host_view` (the callback reads it every `log_every_n_steps`
+    steps), and until then the method computes both losses and the device picks.
 
-    `random_clusters` (ablation) lives here rather than on the callback because the loss needs
-    the same assignment as the update: both call `assign`.
+    `random_clusters` (ablation) lives here rather than on the callback because the loss and the
+    update use the same assignment: `assign`.
     """
 
     centroids: Tensor
@@ -203,23 +211,26 @@ class CentroidState(nn.Module):
         self.register_buffer("initialized", torch.tensor(False))
         self.register_buffer("num_updates", torch.tensor(0, dtype=torch.long))
         self._initialized = False
-        self._num_updates = 0
-        self.register_load_state_dict_post_hook(CentroidState._sync_host_mirrors)
+        self.register_load_state_dict_post_hook(CentroidState._read_host_view)
 
     @staticmethod
-    def _sync_host_mirrors(module: CentroidState, incompatible_keys: Any) -> None:
-        module._initialized = bool(module.initialized)
-        module._num_updates = int(module.num_updates)
+    def _read_host_view(module: CentroidState, incompatible_keys: Any) -> None:
+        module.refresh_host_view()
 
     @property
     def is_initialized(self) -> bool:
-        """Whether clustering has started (host-side, no device sync)."""
+        """Whether clustering has started, as far as the host knows (no device sync; see the class)."""
         return self._initialized
 
-    def assign(self, embeddings: Tensor) -> Assignment:
-        """The clusters of a batch: by cosine similarity, or random under the ablation."""
+    def refresh_host_view(self) -> None:
+        """Read the device flag into `is_initialized` (one host sync)."""
+        self._initialized = bool(self.initialized)
+
+    def assign(self, embeddings: Tensor, step: int = 0) -> Assignment:
+        """The clusters of a batch: by cosine similarity, or under the ablation random, drawn from
+        (seed, `step`)."""
         if self.random_clusters:
-            return random_assign(embeddings, self.centroids, self.seed, self._num_updates)
+            return random_assign(embeddings, self.centroids, self.seed, step)
         return assign(embeddings, self.centroids)
 
     @torch.no_grad()
@@ -232,21 +243,43 @@ class CentroidState(nn.Module):
     def update_(self, embeddings: Tensor, assignment: Tensor, gamma: float, rule: UpdateRule = "mean") -> None:
         update_centroids(self.centroids, embeddings, assignment, gamma, rule)
         self.num_updates.add_(1)
-        self._num_updates += 1
+
+    @torch.no_grad()
+    def advance_(
+        self, embeddings: Tensor, assignment: Tensor, sigma: float, gamma: float, rule: UpdateRule = "mean"
+    ) -> None:
+        """Algorithm 1 after one batch: once clustering has started, the momentum update with the
+        batch's `assignment`; before, initialize from this batch when the σ criterion holds.
+
+        Before the host knows that clustering started, both branches run on the device and flags
+        select (no read-back): the update scaled by `initialized` (0 before), the initial centroids
+        written where the criterion first holds. The result is the branch the flags choose.
+        """
+        if self._initialized:
+            self.update_(embeddings, assignment, gamma, rule)
+            return
+        started = self.initialized.clone()
+        starts_now = should_initialize(embeddings, sigma) & ~started
+        update_centroids(self.centroids, embeddings, assignment, gamma * started, rule)
+        self.centroids.copy_(torch.where(starts_now, initial_centroids(embeddings, self.k), self.centroids))
+        self.num_updates.add_(started.long())
+        self.initialized.logical_or_(starts_now)
 
 
 class KMeansCallback(Callback):
     """Runs Algorithm 1's clustering after every training batch.
 
-    Reads `pl_module.cluster_state` (a `CentroidState`) and `pl_module.last_cluster_embeddings`
-    (the global batch of anchor embeddings, all-gathered under DDP). Before initialization it
-    tests the σ criterion and, the first time it holds, initializes the centroids from that
-    batch; afterwards it updates them with momentum γ.
+    Reads `pl_module.cluster_state` (a `CentroidState`), `pl_module.last_cluster_embeddings` (the
+    global batch of anchor embeddings, all-gathered under DDP) and `pl_module.last_cluster_assignment`
+    (their nearest centroids, as the loss assigned them). Before initialization it tests the σ
+    criterion and, the first time it holds, initializes the centroids from that batch; afterwards it
+    updates them with momentum γ (`CentroidState.advance_`).
 
-    DDP: every rank sees the same global batch. The σ decision is reduced over ranks (all must
-    agree), the initial centroids are broadcast from rank 0, and the update is deterministic
-    (matmul, no atomics), so the centroids stay identical on every rank. The only host syncs
-    are the σ test of the steps before initialization.
+    No host sync and no collective per step: the σ test and the initialization run on the device,
+    and the host reads the `initialized` flag every `log_every_n_steps` steps until it is set (and
+    at the end of fit). DDP: every rank sees the same global batch and computes the same σ
+    decision, initial centroids and update with deterministic ops (matmul, no atomics), so the
+    centroids stay identical on every rank without a broadcast.
     """
 
     def __init__(self, sigma: float = 0.4, gamma: float = 1e-3, rule: UpdateRule = "mean") -> None:
@@ -260,15 +293,19 @@ class KMeansCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         state: CentroidState = pl_module.cluster_state
-        embeddings: Tensor | None = getattr(pl_module, "last_cluster_embeddings", None)
+        embeddings: Tensor | None = pl_module.last_cluster_embeddings
         if embeddings is None:
             return
+        state.advance_(embeddings, pl_module.last_cluster_assignment, self.sigma, self.gamma, self.rule)
+        if not state.is_initialized and trainer.global_step % trainer.log_every_n_steps == 0:
+            self._read_initialization(trainer, state)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not pl_module.cluster_state.is_initialized:
+            self._read_initialization(trainer, pl_module.cluster_state)
+
+    @staticmethod
+    def _read_initialization(trainer: Trainer, state: CentroidState) -> None:
+        state.refresh_host_view()
         if state.is_initialized:
-            state.update_(embeddings, state.assign(embeddings).nearest, self.gamma, self.rule)
-            return
-        ready = bool(should_initialize(embeddings, self.sigma))
-        if trainer.strategy.reduce_boolean_decision(ready, all=True):
-            # Broadcast on CPU: a pickled CUDA tensor would land on rank 0's GPU on every rank.
-            centroids = trainer.strategy.broadcast(initial_centroids(embeddings, state.k).cpu(), src=0)
-            state.initialize_(centroids)
-            rank_zero_info(f"ClusterNS: centroids initialized at global step {trainer.global_step}")
+            rank_zero_info(f"ClusterNS: centroids initialized by global step {trainer.global_step} (σ criterion met)")

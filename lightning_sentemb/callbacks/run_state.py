@@ -8,6 +8,10 @@
 - `TrainingGuard`: a non-finite loss stops the run before anything of it is saved; a collapsed model
   (in-batch loss at ln(candidates) and STS-B dev not above its start) gets a logged warning.
 
+Neither makes a training step wait for the GPU: the loss is checked on the device, and the guard's
+verdict and the stop signal are read (and agreed between DDP ranks) only every `log_every_n_steps`
+steps, at validation and before a checkpoint is written.
+
 Exact resume also needs the data order and the per-step randomness: `SentEmbDataModule` (resumable
 sampler, per-batch seeds for `collate`) and `SentEmbMethod.on_train_batch_start` (per-step RNG seeds).
 """
@@ -28,6 +32,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
 
 from ..atomic_io import atomic_write
 from ..errors import SentEmbUserError
@@ -60,8 +65,15 @@ class SentEmbCheckpoint(ModelCheckpoint):
     end of fit, and when the run is interrupted: SIGTERM (SLURM pre-emption, `scancel`, a time
     limit with `--signal=TERM@120`) and Ctrl-C stop every rank after the running step and save
     `last.ckpt` (`sentemb` then exits with status 143). A second Ctrl-C aborts at once without
-    saving. Always at a step boundary and never with non-finite weights, so `--ckpt_path last`
-    resumes exactly.
+    saving. Always at a step boundary and never with non-finite weights or after a non-finite loss
+    (every write asks the `TrainingGuard` first), so `--ckpt_path last` resumes exactly.
+
+    The stop takes effect after the step the signal arrives in when training runs in one process.
+    Under DDP all ranks must stop after the same step, and agreeing costs a collective, so the
+    ranks compare their flags only every `log_every_n_steps` steps and where `last.ckpt` is written
+    anyway (every `every_n_train_steps` steps, after each validation): a signal stops the run up to
+    `log_every_n_steps - 1` steps after it arrives (10 by default; keep SLURM's
+    `--signal=TERM@<seconds>` above that many steps).
 
     When the last step of a fit is not a validation step, validation runs after it, so every fit
     reports STS-B dev and selects `best.ckpt` among all validated states.
@@ -99,6 +111,7 @@ class SentEmbCheckpoint(ModelCheckpoint):
         """Write `last.ckpt` (once per step) unless the weights are not finite."""
         if trainer.sanity_checking or self._last_saved_step == trainer.global_step:
             return
+        check_guards(trainer)
         if not _finite_weights(pl_module):
             rank_zero_warn(f"last.ckpt not written at step {trainer.global_step}: the weights are not finite")
             return
@@ -118,18 +131,37 @@ class SentEmbCheckpoint(ModelCheckpoint):
         if self._is_last_step(trainer):
             trainer.should_stop = True  # makes the epoch loop validate after this step
         n = self.last_every_n_train_steps
-        if n is not None and trainer.global_step % n == 0:
+        writing = n is not None and trainer.global_step % n == 0
+        if writing:
             self.write_last(trainer, pl_module)
-        # one decision for all ranks (a signal may reach only some), at the same step boundary
-        if trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False):
+        self._stop_if_agreed(trainer, pl_module, writing)
+
+    def _stop_if_agreed(self, trainer: Trainer, pl_module: LightningModule, writing: bool) -> None:
+        """Stop every rank here, `last.ckpt` saved, if a stop was asked. One process: its own flag,
+        every step (a host bool, no sync). DDP: one decision for all ranks (a signal may reach only
+        some), made by a collective only every `log_every_n_steps` steps and where `last.ckpt` is
+        written anyway (`writing`: every `every_n_train_steps` steps, after each validation)."""
+        if trainer.world_size == 1:
+            stop = self._stop_requested
+        elif trainer.global_step % trainer.log_every_n_steps and not writing:
+            stop = False
+        else:
+            stop = trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False)
+        if stop:
             self.write_last(trainer, pl_module)
             rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
             raise SIGTERMException
 
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        """`best.ckpt` (and any other write of `ModelCheckpoint`) after the guard's verdict."""
+        check_guards(trainer)
+        super()._save_checkpoint(trainer, filepath)
+
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if trainer.state.fn == TrainerFn.FITTING:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self.write_last(trainer, pl_module)
+            self._stop_if_agreed(trainer, pl_module, writing=True)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.write_last(trainer, pl_module)
@@ -182,13 +214,27 @@ def _step_loss(outputs: Any) -> torch.Tensor | None:
     return outputs if isinstance(outputs, torch.Tensor) else None
 
 
+def check_guards(trainer: Trainer) -> None:
+    """Let every `TrainingGuard` of the trainer decide (it raises on a non-finite loss): called
+    before any checkpoint is written."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, TrainingGuard):
+            callback.check(trainer)
+
+
 class TrainingGuard(Callback):
     """Stops a diverged run and warns about a collapsed one.
 
-    Reads the loss `training_step` returns (so it works with automatic and manual optimization)
-    after the step: a NaN/inf loss raises a one-line `SentEmbUserError` naming the step, the learning
-    rate and the precision, before any checkpoint of that step is written (`SentEmbCheckpoint`
-    runs after this callback and saves nothing on an error).
+    Divergence: the loss `training_step` returns (automatic and manual optimization alike) is
+    checked on the device after every step, without reading it back: the first non-finite loss and
+    its step stay on the device. They are read back only where a decision needs them (`check`):
+    every `log_every_n_steps` steps, at the start of each validation, before any checkpoint is
+    written (`SentEmbCheckpoint` asks), and at the end of fit. A non-finite loss then raises one
+    `SentEmbUserError` naming the loss, the step it happened at, the learning rate and the
+    precision. The run stops at that decision point, which may be up to `log_every_n_steps - 1`
+    steps later (the line says at which step it was seen); no checkpoint holds any state from the
+    non-finite step on. Under DDP the ranks decide together (one all-reduce per decision), so a
+    rank never stops alone and leaves the others waiting in a collective.
 
     Collapse (every sentence mapped to the same vector) shows as an in-batch softmax loss at
     ln(candidates), candidates = global batch × (views − 1); at each validation, a warning is
@@ -199,9 +245,12 @@ class TrainingGuard(Callback):
     def __init__(self, monitor: str, collapse_tolerance: float = 0.02) -> None:
         self.monitor = monitor
         self.collapse_tolerance = collapse_tolerance
-        self.last_loss: float | None = None
+        self.last_loss: Tensor | None = None
         self.collapse_loss: float | None = None
         self.start_score: float | None = None
+        self._bad_step: Tensor | None = None  # step of the first non-finite loss, -1 while there is none
+        self._bad_loss: Tensor | None = None
+        self._unchecked = False  # steps ran since the last check
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -209,19 +258,44 @@ class TrainingGuard(Callback):
         loss = _step_loss(outputs)
         if loss is None:
             return
-        value = float(loss.detach())
-        # decided together: a rank stopping alone would leave the others waiting in a collective
-        if not trainer.strategy.reduce_boolean_decision(math.isfinite(value), all=True):
-            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else "?"
-            raise SentEmbUserError(
-                f"training diverged: loss {value} at step {trainer.global_step} (nothing of this step is checkpointed); "
-                f"lower --model.lr (now {lr:.3g} at this step) or raise --trainer.precision (now {trainer.precision}; "
-                "32 or bf16-mixed instead of 16-mixed), then resume with --ckpt_path last or start again"
-            )
-        self.last_loss = value
+        loss = loss.detach().float()
+        if self._bad_step is None:
+            self._bad_step = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self._bad_loss = torch.zeros((), device=loss.device)
+        first = ~torch.isfinite(loss) & (self._bad_step < 0)
+        self._bad_step = torch.where(first, trainer.global_step, self._bad_step)  # Python scalars: no copy
+        self._bad_loss = torch.where(first, loss, self._bad_loss)
+        self._unchecked = True
+        self.last_loss = loss
         if isinstance(batch, Mapping) and "num_views" in batch:
             size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
             self.collapse_loss = math.log(size * trainer.world_size * max(batch["num_views"] - 1, 1))
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            self.check(trainer)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.check(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.check(trainer)
+
+    def check(self, trainer: Trainer) -> None:
+        """Raise if any rank has seen a non-finite loss: one read-back (and one all-reduce under
+        DDP); nothing when no step ran since the last check (the same on every rank)."""
+        if not self._unchecked:
+            return
+        self._unchecked = False
+        if not trainer.strategy.reduce_boolean_decision(bool(self._bad_step >= 0), all=False):
+            return
+        seen = trainer.strategy.all_gather(torch.stack([self._bad_step.double(), self._bad_loss.double()]))
+        step, loss = min((row for row in seen.view(-1, 2).tolist() if row[0] >= 0), key=lambda row: row[0])
+        lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+        raise SentEmbUserError(
+            f"training diverged: loss {loss} at step {int(step)} (seen at step {trainer.global_step}; no checkpoint "
+            f"holds a later state than step {int(step) - 1}); lower --model.lr (now {lr:.3g}) or raise "
+            f"--trainer.precision (now {trainer.precision}; 32 or bf16-mixed instead of 16-mixed), then resume "
+            "with --ckpt_path last or start again"
+        )
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         score = trainer.callback_metrics.get(self.monitor)
@@ -232,9 +306,10 @@ class TrainingGuard(Callback):
             self.start_score = score
         if self.last_loss is None or self.collapse_loss is None:
             return
-        if abs(self.last_loss - self.collapse_loss) <= self.collapse_tolerance * self.collapse_loss and score <= self.start_score:
+        last_loss = float(self.last_loss)
+        if abs(last_loss - self.collapse_loss) <= self.collapse_tolerance * self.collapse_loss and score <= self.start_score:
             rank_zero_warn(
-                f"the model looks collapsed at step {trainer.global_step}: training loss {self.last_loss:.4f} ≈ "
+                f"the model looks collapsed at step {trainer.global_step}: training loss {last_loss:.4f} ≈ "
                 f"ln(in-batch candidates) = {self.collapse_loss:.4f} and {self.monitor} {score:.2f} is not above its "
                 f"start ({self.start_score:.2f}); lower --model.lr"
             )

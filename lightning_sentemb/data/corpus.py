@@ -1,64 +1,230 @@
-"""Training corpora, tokenized once and cached as Arrow files (`datasets`)."""
+"""Training corpora, tokenized once into a memory-mapped Arrow cache file (`datasets`).
+
+Streaming, so a corpus of any size tokenizes in bounded memory: the file is read in blocks of whole
+lines, split into chunks of `CHUNK_ROWS` examples, tokenized by `workers` processes (at most two
+chunks per worker in flight), and each chunk is appended to the cache file as soon as it and every
+chunk before it are done, in corpus order. Memory holds a few chunks, never the corpus; the cache
+file is opened memory-mapped (`Dataset.from_file`), so training holds only the pages it reads.
+"""
 
 from __future__ import annotations
 
 import csv
+import gc
 import hashlib
 import io
+import multiprocessing
 import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from itertools import chain, islice
 from pathlib import Path
+from typing import IO
 
-from datasets import Dataset
+import numpy as np
+import pyarrow as pa
+from datasets import Dataset, Features, List, Value
 from lightning.pytorch.utilities import rank_zero_info
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ..atomic_io import atomic_write
 from ..errors import SentEmbUserError
 from .paths import default_cache_dir, require_file
 
 NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # 2: streamed, token ids as int32
+CHUNK_ROWS = 2000  # examples per tokenizer call, per task of a worker and per Arrow record batch
+BLOCK_BYTES = 1 << 20  # bytes read from the corpus at a time (extended to the end of its last line)
+Chunk = dict[str, list[str]]
 
 
-def read_corpus(path: str | os.PathLike, max_examples: int | None = None) -> dict[str, list[str]]:
-    """Columns of raw text: `.txt` = one sentence a line (column `sent0`, blank lines skipped and
-    counted); `.csv` = SimCSE's NLI file with header `sent0,sent1[,hard_neg]`.
+def default_tokenize_workers() -> int:
+    """The CPUs this process may run on (a SLURM or cgroup allocation, not the whole machine), at most 8."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, 8))
 
-    A corpus with no sentence, or with bytes that are not UTF-8, is the user's to fix: one error
-    naming the file (and the line and byte of the first bad byte)."""
-    path = require_file(path, "training corpus")
-    text = _decode_utf8(path)
-    if path.suffix == ".csv":
-        reader = csv.DictReader(io.StringIO(text, newline=""))
+
+# ----- reading ----------------------------------------------------------------------------------
+class CorpusReader:
+    """The corpus as chunks of at most `CHUNK_ROWS` examples, {column: [text]}, read as it goes.
+
+    `.txt`: one sentence a line (column `sent0`); blank lines are skipped and counted in
+    `blank_lines`. `.csv`: SimCSE's NLI file with header `sent0,sent1[,hard_neg]`. Lines are those
+    of `str.splitlines` (as reading the whole file would give). Reading stops after `max_examples`
+    examples (the rest of the file is not read, nor checked). `bytes_read` follows the progress.
+
+    Bytes that are not UTF-8 are the user's to fix: one error naming the file, the line and byte
+    offset of the first bad byte.
+    """
+
+    def __init__(self, path: str | os.PathLike, max_examples: int | None = None) -> None:
+        self.path = require_file(path, "training corpus")
+        self.max_examples = max_examples or None
+        self.size = self.path.stat().st_size
+        self.bytes_read = 0
+        self.blank_lines = 0
+        self.examples = 0
+
+    def __iter__(self) -> Iterator[Chunk]:
+        buffered: Chunk = {}
+        for part in self._csv_parts() if self.path.suffix == ".csv" else self._txt_parts():
+            for column, texts in part.items():
+                buffered.setdefault(column, []).extend(texts)
+            while len(buffered["sent0"]) >= CHUNK_ROWS or self._reaches_limit(len(buffered["sent0"])):
+                yield self._take(buffered)
+                if self.examples == self.max_examples:
+                    return
+        if buffered.get("sent0"):
+            yield self._take(buffered)
+
+    def _reaches_limit(self, buffered: int) -> bool:
+        return self.max_examples is not None and self.examples + buffered >= self.max_examples
+
+    def _take(self, buffered: Chunk) -> Chunk:
+        """The next chunk off the front of `buffered`: `CHUNK_ROWS` examples, fewer at the end or the limit."""
+        n = min(CHUNK_ROWS, len(buffered["sent0"]))
+        if self.max_examples is not None:
+            n = min(n, self.max_examples - self.examples)
+        chunk = {column: texts[:n] for column, texts in buffered.items()}
+        for texts in buffered.values():
+            del texts[:n]
+        self.examples += n
+        return chunk
+
+    def _txt_parts(self) -> Iterator[Chunk]:
+        for text in self._text_blocks():
+            lines = text.splitlines()
+            sentences = [sentence for sentence in map(str.strip, lines) if sentence]
+            self.blank_lines += len(lines) - len(sentences)
+            yield {"sent0": sentences}
+
+    def _csv_parts(self) -> Iterator[Chunk]:
+        # quoted fields may span lines: the csv reader gets the lines of every block in turn
+        lines = chain.from_iterable(io.StringIO(text, newline="") for text in self._text_blocks())
+        reader = csv.DictReader(lines)
         columns = [c for c in NLI_COLUMNS if c in (reader.fieldnames or [])]
         if columns[:2] != ["sent0", "sent1"]:
-            raise SentEmbUserError(f"{path}: an NLI csv needs a header with sent0,sent1[,hard_neg]; got {reader.fieldnames}")
-        rows = [row for _, row in zip(range(max_examples or 10**12), reader)]
-        corpus = {c: [row[c] for row in rows] for c in columns}
-    else:
-        lines = text.splitlines()
-        sentences = [line.strip() for line in lines if line.strip()]
-        skipped = len(lines) - len(sentences)
-        if skipped:
-            rank_zero_info(f"{path}: skipped {skipped} blank line(s)")
-        corpus = {"sent0": sentences[:max_examples] if max_examples else sentences}
-    if not corpus["sent0"]:
-        raise SentEmbUserError(f"{path}: the training corpus holds no sentence (empty or blank lines only); "
-                               "point --data.train_file at a corpus with sentences in it")
-    return corpus
+            raise SentEmbUserError(f"{self.path}: an NLI csv needs a header with sent0,sent1[,hard_neg]; "
+                                   f"got {reader.fieldnames}")
+        while rows := list(islice(reader, CHUNK_ROWS)):
+            yield {column: [row[column] for row in rows] for column in columns}
+
+    def _text_blocks(self) -> Iterator[str]:
+        """The file decoded in blocks of whole lines (a block ends after a newline byte, which is
+        never part of a multi-byte UTF-8 character)."""
+        line, rest = 1, b""
+        with open(self.path, "rb") as file:
+            while True:
+                data = file.read(BLOCK_BYTES)
+                block, rest = rest + data, b""
+                if data:
+                    cut = block.rfind(b"\n") + 1
+                    if not cut:
+                        rest = block  # no line end yet: a line longer than a block
+                        continue
+                    block, rest = block[:cut], block[cut:]
+                if block:
+                    yield self._decode(block, line)
+                    self.bytes_read += len(block)
+                    line += block.count(b"\n")
+                if not data:
+                    return
+
+    def _decode(self, block: bytes, first_line: int) -> str:
+        try:
+            return block.decode("utf8")
+        except UnicodeDecodeError as error:
+            line = first_line + block.count(b"\n", 0, error.start)
+            raise SentEmbUserError(
+                f"{self.path}: not UTF-8 at line {line}, byte offset {self.bytes_read + error.start} "
+                f"(byte 0x{block[error.start]:02x}); re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+            ) from None
 
 
-def _decode_utf8(path: Path) -> str:
-    data = path.read_bytes()
+# ----- tokenizing -------------------------------------------------------------------------------
+class ChunkTokenizer:
+    """Token ids of every column of a chunk, without special tokens, cut to `max_tokens`, as Arrow's
+    list layout (int32 offsets, int32 values): two flat arrays, cheap to send between processes."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+
+    def __call__(self, chunk: Chunk) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        out = {}
+        for column, texts in chunk.items():
+            rows = [ids[: self.max_tokens] for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+            np.cumsum([len(ids) for ids in rows], out=offsets[1:])
+            out[column] = offsets, np.fromiter(chain.from_iterable(rows), dtype=np.int32, count=int(offsets[-1]))
+        return out
+
+
+_worker_tokenizer: ChunkTokenizer | None = None
+
+
+def _start_worker(tokenizer: ChunkTokenizer, parent: int) -> None:
+    """A worker holds the tokenizer (inherited through fork, nothing pickled) and exits when the
+    process that started it is gone, so a run killed with -9 leaves no worker behind."""
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer
+
+    def exit_with_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, daemon=True).start()
+
+
+def _tokenize_in_worker(chunk: Chunk) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return _worker_tokenizer(chunk)
+
+
+@contextmanager
+def _serial_tokenizers_in_children() -> Iterator[None]:
+    """Forked workers run the Rust tokenizer on one thread each (the workers are the parallelism;
+    a forked child would otherwise disable it with a warning once the parent has used it)."""
+    previous = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        return data.decode("utf8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise SentEmbUserError(
-            f"{path}: not UTF-8 at line {line}, byte offset {error.start} (byte 0x{data[error.start]:02x}); "
-            "re-encode the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
-        ) from None
+        yield
+    finally:
+        if previous is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = previous
 
 
+def tokenized_chunks(chunks: Iterable[Chunk], tokenize: ChunkTokenizer, workers: int) -> Iterator[dict]:
+    """`tokenize(chunk)` of every chunk, in order: in this process with `workers` <= 1 (or where
+    processes cannot fork), else in `workers` forked processes with at most 2 chunks per worker in
+    flight (the reader waits for the oldest result before handing out more, so memory holds at most
+    2 × workers chunks)."""
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        yield from map(tokenize, chunks)
+        return
+    gc.freeze()  # the workers share the parent's objects; a collection in them would copy their pages
+    try:
+        with _serial_tokenizers_in_children():
+            pool = multiprocessing.get_context("fork").Pool(workers, _start_worker, (tokenize, os.getpid()))
+    finally:
+        gc.unfreeze()
+    with pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_tokenize_in_worker, (chunk,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+# ----- the cache --------------------------------------------------------------------------------
 def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_examples: int | None) -> str:
     stat = path.stat()
     parts = [CACHE_VERSION, str(path.resolve()), str(stat.st_size), str(stat.st_mtime_ns),
@@ -66,39 +232,72 @@ def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int, 
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def tokenized_corpus(
+def corpus_cache_path(
     path: str | os.PathLike,
     tokenizer: PreTrainedTokenizerBase,
     max_tokens: int,
     cache_dir: str | os.PathLike | None = None,
     max_examples: int | None = None,
-) -> Dataset:
-    """Each text column as token ids without special tokens, cut to `max_tokens`.
-
-    Cached under `cache_dir` by file identity, tokenizer and length. `datasets` writes the
-    Arrow file under a temporary name of ours (which it fills through a temporary file of its
-    own) and we rename it only once complete, so a killed run never leaves a file at the cached
-    name; only the complete file is ever loaded.
-    """
-    path = Path(path)
-    require_file(path, "training corpus")
+) -> Path:
+    """Where the tokenized corpus is cached: named by the file's identity (path, size, mtime), the
+    tokenizer, the length and `max_examples`, so any change gives a new cache."""
+    path = require_file(path, "training corpus")
     cache = Path(cache_dir or default_cache_dir())
-    cache.mkdir(parents=True, exist_ok=True)
-    final = cache / f"{path.stem}-{_cache_key(path, tokenizer, max_tokens, max_examples)}.arrow"
+    return cache / f"{path.stem}-{_cache_key(path, tokenizer, max_tokens, max_examples)}.arrow"
+
+
+def tokenize_corpus(
+    path: str | os.PathLike,
+    tokenizer: PreTrainedTokenizerBase,
+    max_tokens: int,
+    cache_dir: str | os.PathLike | None = None,
+    max_examples: int | None = None,
+    workers: int | None = None,
+) -> Path:
+    """Tokenize the corpus into its cache file (`corpus_cache_path`) unless it is there; return the path.
+
+    Each text column becomes token ids without special tokens, cut to `max_tokens`. The file is
+    written under a temporary name beside it and renamed once complete (`atomic_write`), so a
+    killed run never leaves a file at the cached name. `workers`: tokenizer processes (default
+    `default_tokenize_workers()`; 1 = in this process).
+    """
+    final = corpus_cache_path(path, tokenizer, max_tokens, cache_dir, max_examples)
     if final.exists():
-        return Dataset.from_file(str(final))
-    raw = Dataset.from_dict(read_corpus(path, max_examples))
+        return final
+    reader = CorpusReader(path, max_examples)
+    workers = default_tokenize_workers() if workers is None else workers
+    start = time.perf_counter()
+    atomic_write(final, lambda file: _write_arrow(file, reader, ChunkTokenizer(tokenizer, max_tokens), workers))
+    seconds = time.perf_counter() - start
+    if reader.blank_lines:
+        rank_zero_info(f"{reader.path}: skipped {reader.blank_lines} blank line(s)")
+    rank_zero_info(f"{reader.path}: {reader.examples:,} examples tokenized in {seconds:.1f} s "
+                   f"({reader.examples / seconds:,.0f} lines/s, {workers} worker(s)) into {final}")
+    return final
 
-    def tokenize(batch: dict[str, list[str]]) -> dict[str, list[list[int]]]:
-        return {
-            column: [ids[:max_tokens] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-            for column, texts in batch.items()
-        }
 
-    partial = final.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        raw.map(tokenize, batched=True, batch_size=2000, cache_file_name=str(partial), desc="tokenize")
-        os.replace(partial, final)
-    finally:
-        partial.unlink(missing_ok=True)
+def _write_arrow(file: IO[bytes], reader: CorpusReader, tokenize: ChunkTokenizer, workers: int) -> None:
+    """The Arrow stream `Dataset.from_file` opens, one record batch per chunk, with progress in lines/s."""
+    writer = schema = None
+    start = time.perf_counter()
+    with tqdm(total=reader.size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"tokenize {reader.path.name}",
+              leave=False) as progress:
+        for columns in tokenized_chunks(reader, tokenize, workers):
+            if writer is None:
+                schema = Features({column: List(Value("int32")) for column in columns}).arrow_schema
+                writer = pa.ipc.new_stream(file, schema)
+            arrays = [pa.ListArray.from_arrays(*map(pa.array, columns[name])) for name in schema.names]
+            writer.write_batch(pa.record_batch(arrays, schema=schema))
+            progress.update(reader.bytes_read - progress.n)
+            progress.set_postfix_str(f"{reader.examples:,} lines, "
+                                     f"{reader.examples / (time.perf_counter() - start):,.0f} lines/s", refresh=False)
+    if writer is None:
+        raise SentEmbUserError(f"{reader.path}: the training corpus holds no sentence (empty or blank lines only); "
+                               "point --data.train_file at a corpus with sentences in it")
+    writer.close()
+
+
+def open_tokenized_corpus(final: Path) -> Dataset:
+    """The cache file, memory-mapped."""
     return Dataset.from_file(str(final))
+

@@ -10,11 +10,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import SentEmbUserError
 from ..evaluation import parse_evaluators
-from .corpus import tokenized_corpus
+from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
 from .paths import require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
 
@@ -95,11 +96,12 @@ class ResumableBatchSampler:
         epoch = self.epoch
         generator = torch.Generator().manual_seed(batch_seed(self.seed, epoch))
         usable = self.num_examples // self.num_replicas * self.num_replicas
-        order = torch.randperm(self.num_examples, generator=generator)[:usable][self.rank :: self.num_replicas].tolist()
+        # a tensor (8 bytes an example), each batch's indices made Python ints only when it is drawn
+        order = torch.randperm(self.num_examples, generator=generator)[:usable][self.rank :: self.num_replicas]
         first = self.resume_point[1] if self.resume_point[0] == epoch else 0
         for b in range(first, len(self)):
             seed = batch_seed(self.seed, epoch, self.rank, b)
-            yield [(seed, i) for i in order[b * self.batch_size : (b + 1) * self.batch_size]]
+            yield [(seed, i) for i in order[b * self.batch_size : (b + 1) * self.batch_size].tolist()]
 
 
 class SeededExamples(Dataset):
@@ -143,18 +145,23 @@ class TrainLoader:
     not warn that the loader is not resumable). The position is the number of batches trained since
     the run began, as the training loop counts them (`batches_trained`, set by the data module): the
     loop fetches ahead of training, so the loader cannot count them itself.
+
+    `pin_memory` lets the batch reach the GPU by an asynchronous copy; `persistent_workers` keeps
+    the worker processes from one epoch to the next (it applies with `num_workers` > 0 only).
     """
 
     batches_trained: Callable[[], int] | None = None
 
-    def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, method: Any, num_workers: int) -> None:
+    def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, method: Any, num_workers: int,
+                 pin_memory: bool = False, persistent_workers: bool = False) -> None:
         self.dataset = dataset
         self.sampler = batch_sampler
         self.batch_size = batch_sampler.batch_size
         # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
         self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(method),
                                  num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed),
-                                 worker_init_fn=ignore_stop_signals, pin_memory=torch.cuda.is_available())
+                                 worker_init_fn=ignore_stop_signals, pin_memory=pin_memory,
+                                 persistent_workers=persistent_workers and num_workers > 0)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.loader)
@@ -180,8 +187,16 @@ class SentEmbDataModule(LightningDataModule):
         max_seq_len: training length in tokens, special tokens included (templates come on top).
         batch_size: per-device training batch; the global batch is batch_size × devices.
         eval_batch_size: pairs per evaluation batch; `sentemb fit` also gives it to the method (`encode`).
-        num_workers: DataLoader workers.
+        num_workers: DataLoader workers (the GPU presets in experiments/trainer/ use 4).
+        pin_memory: page-locked training batches, copied to the GPU asynchronously; None = on when
+            CUDA is available.
+        persistent_workers: keep the DataLoader workers alive across epochs (with num_workers > 0).
         max_train_examples: use only the first N training examples (demos, tests).
+        tokenize_workers: processes tokenizing the corpus into its cache (once per node, see
+            `prepare_data`); None = the CPUs available, at most 8.
+        prepare_data_per_node: tokenize on local rank 0 of every node (true: a `cache_dir` per
+            node, the default `~/.cache`), or only on the first node (false: a `cache_dir` on a
+            filesystem every node shares).
         val_tasks / test_tasks: STS tasks by SentEval name, evaluated at validation / test.
         cache_dir: where tokenized corpora are cached (default `$SENTEMB_CACHE` or ~/.cache).
         val_evaluators / test_evaluators: evaluators beyond STS run at each validation / at test
@@ -196,7 +211,11 @@ class SentEmbDataModule(LightningDataModule):
         batch_size: int = 64,
         eval_batch_size: int = 128,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
+        persistent_workers: bool = False,
         max_train_examples: int | None = None,
+        tokenize_workers: int | None = None,
+        prepare_data_per_node: bool = True,
         val_tasks: Sequence[str] = DEV_TASKS,
         test_tasks: Sequence[str] = STS_TASKS,
         cache_dir: str | None = None,
@@ -205,6 +224,7 @@ class SentEmbDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.prepare_data_per_node = prepare_data_per_node
         self.val_tasks = list(val_tasks)
         self.test_tasks = list(test_tasks)
         self.val_evaluators = parse_evaluators(val_evaluators, "data.val_evaluators")
@@ -229,17 +249,37 @@ class SentEmbDataModule(LightningDataModule):
         for name in self.test_tasks if stage == "test" else self.val_tasks:
             load_sts_task(name, self.data_dir)
 
+    def prepare_data(self) -> None:
+        """Tokenize the training corpus into its cache file, before `setup`. Lightning calls this in
+        one process per node (local rank 0; with `prepare_data_per_node` false, in one process of
+        the job) and holds the other ranks at a barrier until it is done."""
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            self.method = trainer.lightning_module
+            tokenize_corpus(*self._corpus_cache_args(), workers=self.hparams.tokenize_workers)
+
     def setup(self, stage: str | None = None) -> None:
+        """Every rank opens the cache `prepare_data` wrote (memory-mapped: ranks share its pages)."""
         if self.trainer is not None:
             self.method = self.trainer.lightning_module
         if stage in ("fit", None) and self.train_dataset is None:
-            specials = self.method.encoder.format.num_special_tokens
-            self._check_training_options(specials)
-            self.train_dataset = tokenized_corpus(
-                self.train_path(), self.method.tokenizer, self.hparams.max_seq_len - specials,
-                self.hparams.cache_dir, self.hparams.max_train_examples,
-            )
+            cache = corpus_cache_path(*self._corpus_cache_args())
+            if not cache.exists():
+                raise SentEmbUserError(
+                    f"{cache}: the tokenized training corpus is not there; `prepare_data` writes it before `setup` "
+                    "(on local rank 0 of every node, or with data.prepare_data_per_node false on the first node only: "
+                    "then data.cache_dir must be a folder every node sees)"
+                )
+            self.train_dataset = open_tokenized_corpus(cache)
             self._check_one_batch()
+
+    def _corpus_cache_args(self) -> tuple:
+        """(corpus, tokenizer, max tokens, cache dir, max examples) of the training cache, after
+        refusing options that cannot train."""
+        specials = self.method.encoder.format.num_special_tokens
+        self._check_training_options(specials)
+        return (self.train_path(), self.method.tokenizer, self.hparams.max_seq_len - specials, self.hparams.cache_dir,
+                self.hparams.max_train_examples)
 
     def _check_training_options(self, specials: int) -> None:
         """Refuse what cannot train: one sentence a batch (the in-batch contrastive loss is then
@@ -271,7 +311,9 @@ class SentEmbDataModule(LightningDataModule):
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         sampler = ResumableBatchSampler(len(self.train_dataset), self.hparams.batch_size, self.method.run_seed, replicas, rank)
         sampler.resume(self.batches_done)
-        loader = TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers)
+        pin_memory = torch.cuda.is_available() if self.hparams.pin_memory is None else self.hparams.pin_memory
+        loader = TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers, pin_memory,
+                             self.hparams.persistent_workers)
         if trainer is not None:
             loader.batches_trained = lambda: trainer.fit_loop.epoch_loop.batch_progress.total.processed
         return loader

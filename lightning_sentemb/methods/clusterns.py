@@ -38,12 +38,15 @@ class ClusteringObjective:
     """The ClusterNS objective for any two-view method (SimCSE dropout views, PromptBERT template
     views): mix it in before the method, which provides `collate` and `embed`.
 
-    Training step (Algorithm 1): the anchor view of the global batch (all-gathered under DDP) is
-    kept in `last_cluster_embeddings` for `KMeansCallback`, which the method attaches itself
-    (`configure_callbacks`). Before the σ criterion holds the loss is the plain InfoNCE; afterwards
-    the batch is assigned to the centroids and the loss adds the hard negatives and the BML. The
-    callback updates the centroids after the optimizer step, so step t's loss sees the centroids
-    updated through step t-1 (the reference updates first: one γ-weighted update of lag).
+    Training step (Algorithm 1): the anchor view of the global batch (all-gathered under DDP) and
+    its assignment to the centroids are kept in `last_cluster_embeddings` / `last_cluster_assignment`
+    for `KMeansCallback`, which the method attaches itself (`configure_callbacks`). Before the σ
+    criterion holds the loss is the plain InfoNCE; afterwards the loss adds the hard negatives and
+    the BML. The callback updates the centroids after the optimizer step, so step t's loss sees the
+    centroids updated through step t-1 (the reference updates first: one γ-weighted update of lag).
+    The criterion is decided on the device; until the host has read that clustering started
+    (`CentroidState`), both losses are computed and the device flag picks one, so no step waits on
+    a read-back.
 
     Args:
         num_clusters: K. Without global initialization it must not exceed the global batch (the
@@ -71,6 +74,7 @@ class ClusteringObjective:
 
     cluster_state: CentroidState
     last_cluster_embeddings: Tensor | None
+    last_cluster_assignment: Tensor | None
 
     def __init__(
         self,
@@ -100,6 +104,7 @@ class ClusteringObjective:
         )
         self.cluster_state = CentroidState(num_clusters, self.output_size, random_clusters, cluster_seed)
         self.last_cluster_embeddings = None
+        self.last_cluster_assignment = None
 
     def configure_callbacks(self) -> list[Callback]:
         """The K-means callback with this method's σ, γ and rule, so a config needs only the model."""
@@ -114,17 +119,18 @@ class ClusteringObjective:
             )
         anchors, positives = embeddings.unflatten(0, (2, -1))
         all_anchors = gather_with_grad(anchors.detach())
-        self.last_cluster_embeddings = all_anchors
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
         state = self.cluster_state
-        if state.is_initialized:
-            clusters = state.assign(all_anchors)
-            loss, stats = self.loss_fn(
-                anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest
-            )
-        else:
-            loss, stats = self.loss_fn(anchors, positives, labels)
+        clusters = state.assign(all_anchors, self.global_step)
+        self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, clusters.nearest
+        loss, stats = self.loss_fn(
+            anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest
+        )
+        if not state.is_initialized:  # perhaps started on the device: both losses, the flag picks
+            plain, plain_stats = self.loss_fn(anchors, positives, labels)
+            loss = torch.where(state.initialized, loss, plain)
+            stats = {name: torch.where(state.initialized, stats[name], value) for name, value in plain_stats.items()}
         stats["cluster/initialized"] = state.initialized.float()
         return loss, stats
 
