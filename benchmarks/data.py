@@ -81,7 +81,7 @@ def tokenize_child(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from lightning_sentemb.data.corpus import open_tokenized_corpus, tokenize_corpus
-    from lightning_sentemb.encoders.plain import resolve_model_path
+    from lightning_sentemb.encoders.pretrained import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(BACKBONE))
     start = time.perf_counter()
@@ -210,7 +210,7 @@ SYNC_CASES = [("simcse", True, False), ("simcse", False, False), ("promptbert", 
 def syncs_and_collectives(options: argparse.Namespace, data_dir: Path) -> None:
     from collections import Counter
 
-    from lightning_sentemb.encoders.plain import resolve_model_path
+    from lightning_sentemb.encoders.pretrained import resolve_model_path
     from lightning_sentemb.lightning_cli import lightning_main
     from tests.sync_counting import StepCounter
     from tests.test_sync_free import QUIET_STEPS, case_id, fit_args, kind

@@ -3,8 +3,8 @@
 Unsupervised SimCSE (dropout views, batch `--batch` sentences of `--length` tokens, fp32 weights, AdamW
 step included, through Lightning's Trainer) on a randomly initialized Qwen2-shaped decoder of about
 100M parameters (`random_models.qwen2_decoder`: hidden 768, 12 layers, 12 query / 2 key-value heads,
-FFN 2048, all-MiniLM-L6-v2's vocabulary), built here, last-token pooling: full fine-tuning vs LoRA vs
-LoRA + gradient checkpointing. Each configuration runs in a fresh process; on CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU
+FFN 2048, a BPE tokenizer trained on the wiki1m mirror), built here, last-token pooling: full
+fine-tuning vs LoRA vs LoRA + gradient checkpointing. Each configuration runs in a fresh process; on CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU
 `torch.cuda.max_memory_allocated`. The first step is an untimed warm-up. The checkpoint is the one a
 fit writes (`trainer.save_checkpoint`: weights or adapters, optimizer and run state), so its size ratio
 is about the trainable fraction: LoRA r 16 on all linear layers here (r 64, the PromptEOL reference's,

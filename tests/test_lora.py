@@ -388,8 +388,9 @@ def test_4bit_is_refused_without_a_gpu_or_bitsandbytes(tiny_bert, monkeypatch) -
 
 
 @pytest.mark.slow
-def test_lora_benchmark_runs_on_a_small_shape(tmp_path) -> None:
-    """`benchmarks/lora.py --shape small`: every configuration trains and checkpoints; LoRA's is smaller."""
+def test_lora_benchmark_runs_on_a_small_shape(shared_data, tmp_path) -> None:
+    """`benchmarks/lora.py --shape small`: every configuration trains and checkpoints; LoRA's is smaller.
+    (Its decoder's tokenizer is trained on the wiki1m mirror.)"""
     import json
     import subprocess
     import sys

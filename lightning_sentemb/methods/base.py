@@ -142,23 +142,7 @@ class SentEmbMethod(LightningModule):
                 self.encoder = self.build_encoder()
         except UnsupportedBackbone as refusal:
             raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
-        # frozen by the method (DCPCSE) or by LoRA below
-        self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
-        if not self.backbone_frozen and (backbone_dtype != "fp32" or load_in_4bit):
-            option = "load_in_4bit" if load_in_4bit else f"backbone_dtype {backbone_dtype}"
-            raise SentEmbUserError(
-                f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
-                "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
-                "use trainer.precision bf16-mixed)"
-            )
-        if lora is not None:
-            add_lora(self.encoder.backbone, lora, peft_base_reference(backbone),
-                     self.encoder.family.unread_modules(self.encoder.backbone))
-        for parameter in self.encoder.parameters():  # adapters and heads of a low-precision backbone
-            if parameter.requires_grad and parameter.dtype != torch.float32:
-                parameter.data = parameter.data.float()
-        if gradient_checkpointing:
-            enable_gradient_checkpointing(self.encoder.backbone)
+        self.adapt_backbone(lora, gradient_checkpointing, backbone_dtype != "fp32" or load_in_4bit)
         self.encoder.configure_speed(padding_free, compile_layers)
         self.backbone_identity = backbone_identity(backbone)
         hidden = self.encoder.hidden_size
@@ -172,6 +156,28 @@ class SentEmbMethod(LightningModule):
         # what `collate` draws (MLM masks, templates); the training loader reseeds it for every batch
         self.collate_generator = torch.Generator().manual_seed(0)
         self._run_seed: int | None = None
+
+    def adapt_backbone(self, lora: LoraSettings | None, gradient_checkpointing: bool, low_precision: bool) -> None:
+        """LoRA adapters and gradient checkpointing on the loaded backbone; what trains in fp32. Weights
+        stored in low precision (`low_precision`: bf16/fp16/4-bit) suit a frozen backbone only: frozen
+        by the method (DCPCSE) or by LoRA."""
+        backbone = self.encoder.backbone
+        self.backbone_frozen = lora is not None or not any(p.requires_grad for p in backbone.parameters())
+        if not self.backbone_frozen and low_precision:
+            option = "load_in_4bit" if self.hparams.load_in_4bit else f"backbone_dtype {self.hparams.backbone_dtype}"
+            raise SentEmbUserError(
+                f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
+                "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
+                "use trainer.precision bf16-mixed)"
+            )
+        if lora is not None:
+            add_lora(backbone, lora, peft_base_reference(self.hparams.backbone),
+                     self.encoder.family.unread_modules(backbone))
+        for parameter in self.encoder.parameters():  # adapters and heads of a low-precision backbone
+            if parameter.requires_grad and parameter.dtype != torch.float32:
+                parameter.data = parameter.data.float()
+        if gradient_checkpointing:
+            enable_gradient_checkpointing(backbone)
 
     @property
     def automatic_optimization(self) -> bool:
