@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTh
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
 
-from .callbacks.run_state import SentEmbCheckpoint
+from .callbacks.checkpointing import SentEmbCheckpoint
 
 
 TRAINING_LOSS = "train/loss"

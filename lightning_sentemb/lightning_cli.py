@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from .callbacks.run_state import AtomicCheckpointIO, SentEmbCheckpoint, TrainingGuard
+from .callbacks.checkpointing import AtomicCheckpointIO, SentEmbCheckpoint, TrainingGuard
 from .config_errors import config_files_in, describe_parse_error
 from .console import SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule

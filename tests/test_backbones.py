@@ -12,8 +12,6 @@ Mistral, Gemma), tiny random models built in code (tests/conftest.py).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from transformers import AutoModel
@@ -25,7 +23,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
-from tests.test_padding_free import loss_and_grads, without_dropout
+from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table .",
@@ -191,20 +189,7 @@ def test_packed_forward_equals_padded_forward(name: str, backbone: str, request)
     assert fast.encoder.padding_free
     torch.manual_seed(0)
     batch = fast.collate(unsupervised_examples(fast))
-    assert not bool(batch["features"]["attention_mask"].all()), "the batch must hold padding"
-    if name == "clusterns":
-        with torch.no_grad():
-            views = fast.embed(batch["features"]).unflatten(0, (batch["num_views"], -1))
-        fast.cluster_state.initialize_(initial_centroids(views[0], 2))
-    padded = copy.deepcopy(fast)
-    padded.encoder.configure_speed(padding_free=False, compile_layers=False)
-    fast_loss, fast_grads = loss_and_grads(fast, batch)
-    padded_loss, padded_grads = loss_and_grads(padded, batch)
-    torch.testing.assert_close(fast_loss, padded_loss, atol=1e-5, rtol=1e-5)
-    assert fast_grads.keys() == padded_grads.keys() and len(fast_grads) > 0
-    for key in fast_grads:
-        torch.testing.assert_close(fast_grads[key], padded_grads[key], atol=1e-5, rtol=1e-5, msg=key)
-    torch.testing.assert_close(fast.encode(SENTENCES), padded.encode(SENTENCES), atol=1e-5, rtol=1e-5)
+    assert_packed_equals_padded(fast, batch)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback, LightningModule
 
-from lightning_sentemb.callbacks.run_state import AtomicCheckpointIO
+from lightning_sentemb.callbacks.checkpointing import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import lightning_main
 
@@ -273,7 +273,7 @@ def test_divergence_is_read_back_at_a_decision_point_and_never_checkpointed(log_
     from lightning import Trainer
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lightning_sentemb.callbacks.run_state import SentEmbCheckpoint, TrainingGuard
+    from lightning_sentemb.callbacks.checkpointing import SentEmbCheckpoint, TrainingGuard
 
     trainer = Trainer(max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, log_every_n_steps=log_every,
@@ -294,7 +294,7 @@ def test_collapse_warning(recwarn):
 
     from lightning.pytorch.trainer.states import TrainerFn
 
-    from lightning_sentemb.callbacks.run_state import TrainingGuard
+    from lightning_sentemb.callbacks.checkpointing import TrainingGuard
 
     guard = TrainingGuard("val/STS")
     trainer = SimpleNamespace(global_step=10, log_every_n_steps=50, world_size=2, sanity_checking=False,

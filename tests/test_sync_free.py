@@ -111,7 +111,7 @@ def test_no_host_sync_per_step_outside_the_encoders(case, host_syncs):
     unattributed = quiet_reads(counter, "autograd")  # a backward read whose forward could be ours
     assert not ours and not unattributed, counter.table()
     # the counter does see our reads: the guard's verdict at the log step
-    assert any(r.step == LOG_EVERY and r.owner == "lightning_sentemb/callbacks/run_state.py" for r in counter.records)
+    assert any(r.step == LOG_EVERY and r.owner == "lightning_sentemb/callbacks/checkpointing.py" for r in counter.records)
 
 
 @pytest.mark.parametrize("case", [slow_if_cached(case, []) for case in CASES])
