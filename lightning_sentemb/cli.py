@@ -75,8 +75,9 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
     parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
                         "(default: run folder + file stem, e.g. simcse/best)")
-    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"],
-                        help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler")
+    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2"],
+                        help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler "
+                             "on encoders, last on decoder LLMs")
     parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None,
@@ -318,10 +319,17 @@ def lightning_help(subcommand: str) -> None:
         from .lightning_cli import lightning_main
 
         output = io.StringIO()
-        with contextlib.redirect_stdout(output), contextlib.suppress(SystemExit), warnings.catch_warnings():
+        status: int | str | None = 0
+        with contextlib.redirect_stdout(output), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # these args are sys.argv's
-            lightning_main([subcommand, "--help"])
+            try:
+                lightning_main([subcommand, "--help"])
+            except SystemExit as done:
+                status = done.code
         text = output.getvalue()
+        if status not in (0, None):  # a failed help is shown, never cached
+            print(text, end="")
+            raise SystemExit(status)
         with contextlib.suppress(OSError):  # an unwritable cache only costs the next --help its seconds
             atomic_write_text(path, text)
     print(text, end="")

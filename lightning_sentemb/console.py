@@ -13,6 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
 
 from .callbacks.checkpointing import SentEmbCheckpoint
+from .distributed import at_decision_step
 
 
 TRAINING_LOSS = "train/loss"
@@ -53,7 +54,7 @@ class SentEmbProgressBar(RichProgressBar):
     # on every refresh would make every training step wait for the GPU.
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        if at_decision_step(trainer):
             self.read_metric(trainer, TRAINING_LOSS, TRAINING_LOSS)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 

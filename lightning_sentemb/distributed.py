@@ -1,6 +1,9 @@
-"""All-gather that keeps gradients, so in-batch negatives are the global batch under DDP."""
+"""All-gather that keeps gradients, so in-batch negatives are the global batch under DDP; when the
+host may read the device."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,3 +36,9 @@ def local_labels(local_batch: int, device: torch.device) -> Tensor:
     """Column of each local anchor's positive inside the gathered global batch."""
     rank, _ = world()
     return torch.arange(local_batch, device=device) + rank * local_batch
+
+
+def at_decision_step(trainer: Any) -> bool:
+    """Whether this training step is one where the host reads the device (and the ranks agree):
+    every `log_every_n_steps` steps, every step when it is 0."""
+    return trainer.log_every_n_steps <= 0 or trainer.global_step % trainer.log_every_n_steps == 0

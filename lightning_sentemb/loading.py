@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .backbones import family_of
+from .encoders.pretrained import load_config
 from .errors import SentEmbUserError
 from .methods.base import SentEmbMethod
 from .methods.simcse import SimCSE
@@ -71,7 +73,8 @@ def load_method(
 
     `path` is a `.ckpt` written by `sentemb fit` (the method class is stored in it, and so is its
     evaluation-time pooling) or a Hugging Face model folder / hub name / `pkg:MODULE`, evaluated
-    with `pooler` (default `cls_before_pooler`; ignored for checkpoints). For a plain folder, `cls`
+    with `pooler` (default `cls_before_pooler` on encoders, the family's default, `last`, on decoders;
+    ignored for checkpoints). For a plain folder, `cls`
     means the backbone's own pooler output (Linear+Tanh over [CLS]) as in SimCSE's evaluation.
     A checkpoint is read with `weights_only=True` unless `trust_checkpoint` (see `read_checkpoint`).
     """
@@ -81,12 +84,12 @@ def load_method(
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return cls.load_from_checkpoint(path, map_location=map_location, weights_only=not trust_checkpoint,
                                             **overrides)
-    pooler = pooler or "cls_before_pooler"
+    pooler = pooler or ("cls_before_pooler" if family_of(load_config(path)).default_pooler == "cls" else None)
     if pooler != "cls":
         return SimCSE(path, pooler=pooler, mlp="none", **overrides)
     method = SimCSE(path, pooler="cls", mlp="always", **overrides)
     backbone_pooler = getattr(method.encoder.backbone, "pooler", None)
     if backbone_pooler is None:
-        raise ValueError(f"{path} has no pooler layer, so pooler 'cls' is undefined; use cls_before_pooler")
+        raise SentEmbUserError(f"--pooler cls: {path} has no pooler layer, so 'cls' is undefined; use cls_before_pooler")
     method.mlp[0].load_state_dict(backbone_pooler.dense.state_dict())
     return method

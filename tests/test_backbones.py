@@ -122,7 +122,7 @@ def test_a_decoder_template_written_with_mask_is_cut_before_it(tiny_llama: str) 
     cut = PromptBERT(tiny_llama, templates=['This sentence : "[X]" means'])
     sentences = ["the cat sat", "a dog runs in the park"]
     assert method.sentence_features(sentences)["input_ids"].equal(cut.sentence_features(sentences)["input_ids"])
-    with pytest.raises(ValueError, match="must come first"):
+    with pytest.raises(SentEmbUserError, match="must come first"):
         PromptBERT(tiny_llama, templates=['[MASK] is what "[X]" means'])
 
 
@@ -312,3 +312,12 @@ def test_export_round_trip_through_sentence_transformers(name: str, backbone: st
     card = (folder / "README.md").read_text()
     if name == "PromptBERT" and backbone == "tiny_qwen2":  # the model card says what the embedding is
         assert "template's last token" in card and "Scaling Sentence Embeddings with Large Language Models" in card
+
+
+def test_a_decoder_folder_is_evaluated_with_last_token_pooling_by_default(tiny_qwen2: str) -> None:
+    """`sentemb evaluate --model <LLM folder>` without `--pooler`: the family's default, not cls."""
+    from lightning_sentemb.loading import load_method
+
+    method = load_method(tiny_qwen2)
+    assert method.encoder.pooler == "last"
+    torch.testing.assert_close(method.encode(SENTENCES[:2]), load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))

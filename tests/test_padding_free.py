@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import TokenLayout, cpu_dropout_attention
+from lightning_sentemb.encoders.packed import TokenLayout, cpu_dropout_attention, sentence_attention
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -136,6 +136,26 @@ def test_cpu_dropout_attention_drops_probabilities() -> None:
     assert 0 < (~kept[real]).sum() < real.sum()
 
 
+@pytest.mark.parametrize("dropout_p", [0.0, 0.1])
+def test_windowed_attention_of_rows_of_very_different_lengths_has_finite_gradients(dropout_p: float) -> None:
+    """A padding query far past its row's end has no real key within a local window (ModernBERT's
+    local layers): it must not turn into NaN, forward or backward (with dropout on CPU: our GEMMs)."""
+    layout = TokenLayout.from_mask(torch.tensor([[1] * 8, [1, 1] + [0] * 6]))
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(10, 2, 4, generator=generator, requires_grad=True) for _ in range(3))
+    torch.manual_seed(0)
+    out = sentence_attention(query, key, value, layout, scale=0.5, dropout_p=dropout_p, window=2)
+    out.sum().backward()
+    assert out.isfinite().all()
+    for tensor in (query, key, value):
+        assert tensor.grad.isfinite().all()
+    if dropout_p == 0:  # the short row's tokens see each other only: its own two-token attention
+        short = torch.arange(8, 10)
+        scores = torch.einsum("qhd,khd->hqk", query[short], key[short]) * 0.5
+        expected = torch.einsum("hqk,khd->qhd", scores.softmax(-1), value[short]).flatten(1)
+        torch.testing.assert_close(out[short], expected)
+
+
 def test_token_layout_round_trip() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
     layout = TokenLayout.from_mask(mask)
@@ -143,7 +163,7 @@ def test_token_layout_round_trip() -> None:
     packed = layout.pack(padded)
     assert packed.flatten().tolist() == [0.0, 1.0, 3.0, 6.0, 7.0, 8.0]
     assert layout.unpack(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
-    assert layout.positions().tolist() == [0, 1, 0, 0, 1, 2]
+    assert layout.align(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
 
 
 def test_token_layout_aligns_left_padded_rows() -> None:

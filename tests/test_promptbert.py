@@ -12,6 +12,7 @@ from transformers import AutoConfig
 from lightning_sentemb.backbones import family_of
 from lightning_sentemb.encoders.template import TemplateEncoder, TemplateFormat
 from lightning_sentemb.export import export
+from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods.promptbert import BERT_TEMPLATES, ROBERTA_TEMPLATES, PromptBERT, default_templates
 
 # Sentences that start with "a" and end without punctuation: with byte-level BPE, text glued to a
@@ -213,13 +214,13 @@ def test_supervised_triplets_use_the_first_template(bert_method: PromptBERT) -> 
 
 
 def test_pooler_and_mlm_are_fixed(tiny_bert: str) -> None:
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(SentEmbUserError, match="mask"):
         PromptBERT(tiny_bert, pooler="cls")
-    with pytest.raises(ValueError, match="MLM"):
+    with pytest.raises(SentEmbUserError, match="MLM"):
         PromptBERT(tiny_bert, mlm_weight=0.1)
-    with pytest.raises(ValueError, match="exactly once"):
+    with pytest.raises(SentEmbUserError, match="exactly once"):
         TemplateEncoder(tiny_bert, ["no sentence here [MASK] ."])
-    with pytest.raises(ValueError, match="mask token exactly once"):
+    with pytest.raises(SentEmbUserError, match="mask token exactly once"):
         TemplateFormat(PromptBERT(tiny_bert).tokenizer, ["[X] means nothing ."])
 
 

@@ -265,8 +265,8 @@ class DivergesAt(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize(("log_every", "save_every", "seen_at"), [(5, None, 5), (100, 2, 4)],
-                         ids=["at a log step", "before a checkpoint"])
+@pytest.mark.parametrize(("log_every", "save_every", "seen_at"), [(5, None, 5), (100, 2, 4), (0, None, 3)],
+                         ids=["at a log step", "before a checkpoint", "log_every_n_steps 0: every step"])
 def test_divergence_is_read_back_at_a_decision_point_and_never_checkpointed(log_every, save_every, seen_at, tmp_path):
     """The NaN of step 3 is found at the next log step, or before the next checkpoint write; the line
     names both steps, and no checkpoint holds step 3 or later."""
@@ -286,6 +286,25 @@ def test_divergence_is_read_back_at_a_decision_point_and_never_checkpointed(log_
     assert trainer.global_step == seen_at
     saved = [checkpoint_step(path) for path in tmp_path.glob("*.ckpt")]
     assert saved == ([2] if save_every else [])
+
+
+def test_a_step_checkpoint_preset_never_holds_a_diverged_state(tmp_path):
+    """`callbacks/step_checkpoints.yaml` saves every 2 steps, the guard decides every 100: the NaN of
+    step 3 is found before step 4's file is written."""
+    from lightning import Trainer
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_sentemb.callbacks.checkpointing import TrainingGuard
+    from lightning_sentemb.callbacks.step_checkpoints import StepCheckpoints
+
+    trainer = Trainer(max_steps=8, accelerator="cpu", logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, log_every_n_steps=100,
+                      plugins=[AtomicCheckpointIO()],
+                      callbacks=[TrainingGuard("val/score"), StepCheckpoints(2, dirpath=str(tmp_path))])
+    data = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=2)
+    with pytest.raises(SentEmbUserError, match=r"loss nan at step 3 \(seen at step 4;"):
+        trainer.fit(DivergesAt(3), data)
+    assert sorted(path.name for path in tmp_path.glob("*.ckpt")) == ["step=2.ckpt"]
 
 
 def test_collapse_warning(recwarn):

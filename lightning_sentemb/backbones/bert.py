@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 
 from ..encoders.packed import TokenLayout, sentence_attention
-from .family import BackboneFamily
+from .family import BackboneFamily, EncoderFamily
 
 
 class BertFamily(BackboneFamily):
@@ -18,12 +18,6 @@ class BertFamily(BackboneFamily):
 
     name = "bert"
     prefix_through_cache = True  # BertSelfAttention takes past keys/values from a DynamicCache
-    dropout_keys = ("hidden_dropout_prob", "attention_probs_dropout_prob")
-
-    def unread_modules(self, backbone: PreTrainedModel) -> list[str]:
-        """The backbone's own pooler (Linear+Tanh over [CLS]) feeds none of our poolers. (Kept, not
-        dropped: `load_method(pooler="cls")` and the export read and write its weights.)"""
-        return [] if backbone.pooler is None else ["pooler"]
 
     def packed_refusal(self) -> str | None:
         config = self.config
@@ -76,11 +70,11 @@ def self_attention(attention: nn.Module, hidden: Tensor, layout: TokenLayout,
     return sentence_attention(query, key, value, layout, attention.scaling, dropout_p, prefix=prefix)
 
 
-class RobertaFamily(BertFamily):
-    """RoBERTa / XLM-R: positions count from `padding_idx + 1` and skip pads (HF's
+class RobertaPositions:
+    """RoBERTa's position numbering: from `padding_idx + 1`, skipping pads (HF's
     `create_position_ids_from_input_ids`)."""
 
-    name = "roberta"
+    config: PreTrainedConfig
 
     def first_position(self) -> int:
         return self.config.pad_token_id + 1
@@ -88,3 +82,14 @@ class RobertaFamily(BertFamily):
     def position_ids(self, input_ids: Tensor | None, attention_mask: Tensor, past_length: int = 0) -> Tensor:
         real = attention_mask.long() if input_ids is None else input_ids.ne(self.config.pad_token_id).long()
         return (real.cumsum(1) + past_length) * real + self.config.pad_token_id
+
+
+class RobertaFamily(RobertaPositions, BertFamily):
+    """RoBERTa / XLM-R: BERT's layers with RoBERTa's positions."""
+
+    name = "roberta"
+
+
+class RobertaPositionsEncoderFamily(RobertaPositions, EncoderFamily):
+    """Other masked LMs that number positions RoBERTa's way (CamemBERT, MPNet, data2vec-text, XLM-R XL,
+    ...): the padded forward, with the positions templates and prefixes need."""

@@ -41,8 +41,9 @@ class BackboneFamily:
     # Where a template is read: "mask" (the [MASK] token's state, PromptBERT) or "last" (the state of
     # the template's last token, which a causal model uses to predict the word that follows: PromptEOL).
     template_readout: ClassVar[TemplateReadout] = "mask"
-    # Config fields of the backbone's dropout probabilities (`model.init_args.dropout` sets them all).
-    dropout_keys: ClassVar[tuple[str, ...]] = ()
+    # Config fields of the backbone's dropout probabilities (`model.init_args.dropout` sets those the
+    # config has).
+    dropout_keys: ClassVar[tuple[str, ...]] = ("hidden_dropout_prob", "attention_probs_dropout_prob")
     # Whether the padded forward takes DCPCSE's prefix keys/values as a key/value cache.
     prefix_through_cache: ClassVar[bool] = False
 
@@ -66,9 +67,10 @@ class BackboneFamily:
         tokenizer.padding_side = "right"
 
     def unread_modules(self, backbone: PreTrainedModel) -> list[str]:
-        """Names of the backbone's modules that none of our poolers reads (kept: loading and exports use
-        them). They are frozen and get no LoRA adapter, else DDP stops on parameters without a gradient."""
-        return []
+        """Names of the backbone's modules that none of our poolers reads: an encoder's own pooler
+        (Linear+Tanh over [CLS]). They are frozen and get no LoRA adapter, else DDP stops on parameters
+        without a gradient; kept, not dropped: `load_method(pooler="cls")` and the export use them."""
+        return ["pooler"] if getattr(backbone, "pooler", None) is not None else []
 
     def prepare_backbone(self, backbone: PreTrainedModel) -> None:
         for name in self.unread_modules(backbone):
@@ -168,7 +170,7 @@ class DecoderFamily(BackboneFamily):
     default_pooler = "last"
     template_readout = "last"
     prefix_through_cache = True
-    dropout_keys = ("attention_dropout",)
+    dropout_keys = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop")  # Llama-shaped; GPT-2's
 
     def pooler_refusal(self, pooler: str) -> str | None:
         if pooler in ("cls", "cls_before_pooler"):
@@ -205,5 +207,9 @@ def with_dropout(config_kwargs: dict[str, Any], family: BackboneFamily, dropout:
         return config_kwargs
     if not 0 <= dropout < 1:
         raise SentEmbUserError(f"model.init_args.dropout must be in [0, 1) or null, got {dropout}")
-    return {**config_kwargs, **{key: dropout for key in family.dropout_keys}}
+    keys = [key for key in family.dropout_keys if hasattr(family.config, key)]
+    if not keys:
+        raise SentEmbUserError(f"model.init_args.dropout: no known dropout setting in the {family.model_type} config "
+                               "(set its dropout fields in the checkpoint's config.json, or leave dropout null)")
+    return {**config_kwargs, **{key: dropout for key in keys}}
 

@@ -35,9 +35,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
 from ..atomic_io import atomic_write
+from ..distributed import at_decision_step
 from ..errors import SentEmbUserError
 
-__all__ = ["AtomicCheckpointIO", "SentEmbCheckpoint", "TrainingGuard", "LAST_NAME"]
+__all__ = ["AtomicCheckpointIO", "GuardedCheckpoint", "SentEmbCheckpoint", "TrainingGuard", "LAST_NAME"]
 
 LAST_NAME = "last"
 
@@ -58,7 +59,20 @@ def _finite_weights(module: LightningModule) -> bool:
     return bool(torch.stack([torch.isfinite(p).all() for p in module.parameters()]).all())
 
 
-class SentEmbCheckpoint(ModelCheckpoint):
+class GuardedCheckpoint(ModelCheckpoint):
+    """A `ModelCheckpoint` whose every write asks the `TrainingGuard` first (it raises on a non-finite
+    loss since its last decision) and skips non-finite weights: no checkpoint, ours or a preset's,
+    holds a state from a non-finite step on."""
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        check_guards(trainer)
+        if not _finite_weights(trainer.lightning_module):
+            rank_zero_warn(f"{filepath} not written at step {trainer.global_step}: the weights are not finite")
+            return
+        super()._save_checkpoint(trainer, filepath)
+
+
+class SentEmbCheckpoint(GuardedCheckpoint):
     """`best.ckpt` by `monitor` at each validation, and `last.ckpt`, the latest state.
 
     `last.ckpt` is written at every validation, every `every_n_train_steps` optimizer steps, at the
@@ -143,7 +157,7 @@ class SentEmbCheckpoint(ModelCheckpoint):
         written anyway (`writing`: every `every_n_train_steps` steps, after each validation)."""
         if trainer.world_size == 1:
             stop = self._stop_requested
-        elif trainer.global_step % trainer.log_every_n_steps and not writing:
+        elif not (writing or at_decision_step(trainer)):
             stop = False
         else:
             stop = trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False)
@@ -151,11 +165,6 @@ class SentEmbCheckpoint(ModelCheckpoint):
             self.write_last(trainer, pl_module)
             rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
             raise SIGTERMException
-
-    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
-        """`best.ckpt` (and any other write of `ModelCheckpoint`) after the guard's verdict."""
-        check_guards(trainer)
-        super()._save_checkpoint(trainer, filepath)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
@@ -270,7 +279,7 @@ class TrainingGuard(Callback):
         if isinstance(batch, Mapping) and "num_views" in batch:
             size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
             self.collapse_loss = math.log(size * trainer.world_size * max(batch["num_views"] - 1, 1))
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        if at_decision_step(trainer):
             self.check(trainer)
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -31,6 +31,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_sentemb.losses.info_nce import cosine_matrix
+from lightning_sentemb.distributed import at_decision_step
 
 __all__ = [
     "Assignment",
@@ -297,7 +298,7 @@ class KMeansCallback(Callback):
         if embeddings is None:
             return
         state.advance_(embeddings, pl_module.last_cluster_assignment, self.sigma, self.gamma, self.rule)
-        if not state.is_initialized and trainer.global_step % trainer.log_every_n_steps == 0:
+        if not state.is_initialized and at_decision_step(trainer):
             self._read_initialization(trainer, state)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

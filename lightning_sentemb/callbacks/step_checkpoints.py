@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+
+from .checkpointing import GuardedCheckpoint
 
 __all__ = ["StepCheckpoints"]
 
 
-class StepCheckpoints(ModelCheckpoint):
+class StepCheckpoints(GuardedCheckpoint):
     """`step=N.ckpt` every `every_n_train_steps` steps in `<default_root_dir>/checkpoints`, where
     `sentemb fit` keeps best.ckpt and last.ckpt: a new fit into the same root dir refuses them as
     an earlier run's (or deletes them with `--overwrite true`), and a resumed run that trains a step
-    again overwrites its file.
+    again overwrites its file. Like every checkpoint of a fit, none is written from a non-finite
+    step on.
 
     Args:
         every_n_train_steps: steps between two checkpoints.

@@ -268,7 +268,8 @@ class SentEmbDataModule(LightningDataModule):
                 raise SentEmbUserError(
                     f"{cache}: the tokenized training corpus is not there; `prepare_data` writes it before `setup` "
                     "(on local rank 0 of every node, or with data.prepare_data_per_node false on the first node only: "
-                    "then data.cache_dir must be a folder every node sees)"
+                    "then data.cache_dir must be a folder every node sees); if that process failed, its own "
+                    "error, above, names the cause"
                 )
             self.train_dataset = open_tokenized_corpus(cache)
             self._check_one_batch()

@@ -66,10 +66,6 @@ class TokenLayout:
     def batch(self) -> int:
         return len(self.host_lengths)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.host_lengths)
-
     def to(self, device: torch.device | str, non_blocking: bool = True) -> TokenLayout:
         if self.index.device == torch.device(device):
             return self
@@ -115,10 +111,6 @@ class TokenLayout:
         out = packed.new_zeros(self.batch * self.width, *packed.shape[1:])
         return out.index_copy(0, index, packed).unflatten(0, (self.batch, self.width))
 
-    def positions(self) -> Tensor:
-        """(tokens,) each token's position inside its sentence, 0 for the first."""
-        return self.aligned % self.width
-
     def key_mask(self) -> Tensor:
         """(batch, width) True at real tokens of the aligned layout."""
         return torch.arange(self.width, device=self.lengths.device)[None] < self.lengths[:, None]
@@ -162,7 +154,9 @@ def sentence_attention(
             allowed &= distance >= 0
         if window is not None:
             allowed &= distance.abs() <= window
-        mask = mask & allowed
+        # padding queries (dropped afterwards) see every key: a row with none would make a NaN, and the
+        # backward 0 · NaN in the real keys' gradients
+        mask = (mask & allowed) | ~layout.key_mask()[:, None, :, None]
     if prefix is not None:
         key = torch.cat([prefix[0].to(key.dtype), key], dim=2)
         value = torch.cat([prefix[1].to(value.dtype), value], dim=2)

@@ -67,16 +67,21 @@ def special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int]
     return full[:start], full[start + len(probe) :]
 
 
+def pad_ids(rows: list[list[int]], pad_value: int) -> Tensor:
+    """Rows of ints right-padded with `pad_value` into one (rows, longest) tensor."""
+    padded = torch.full((len(rows), max(len(r) for r in rows)), pad_value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return padded
+
+
 def pad_rows(rows: list[list[int]], pad_id: int) -> dict[str, Any]:
     """Right-pad id rows into `input_ids` / `attention_mask` tensors, with the `layout` of their real
     tokens for the packed forward (built here, on the CPU, so the forward never counts tokens on the
     device)."""
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        attention_mask[i, : len(row)] = 1
+    input_ids = pad_ids(rows, pad_id)
+    lengths = torch.tensor([len(r) for r in rows])
+    attention_mask = (torch.arange(input_ids.shape[1])[None] < lengths[:, None]).long()
     return {"input_ids": input_ids, "attention_mask": attention_mask, "layout": TokenLayout.from_mask(attention_mask)}
 
 
@@ -154,7 +159,6 @@ class Encoder(nn.Module):
     auxiliary head stays on the padded forward.
     """
 
-    padding_free: bool = True
     # formats whose rows carry `pool_position` (templates) may pool with "mask"
     reads_templates: bool = False
 
@@ -192,6 +196,8 @@ class Encoder(nn.Module):
         self.train()
         self.family.prepare_backbone(self.backbone)
         self.format = PlainFormat(self.tokenizer)
+        # on wherever exact, also for encoders built without `configure_speed` (exports)
+        self.padding_free = self.family.packed_refusal() is None
         self.layer_fn = self.family.packed_layer
 
     @property
@@ -253,7 +259,9 @@ class Encoder(nn.Module):
         without `combine_keys` gives the row states, so they can be computed in chunks."""
         return row_states
 
-    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
+        """MLM logits of the masked-LM model's padded forward (`layout` serves formats whose MLM forward
+        runs packed)."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
         return self.mlm_model(input_ids=input_ids, attention_mask=attention_mask).logits

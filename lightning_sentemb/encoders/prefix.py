@@ -54,17 +54,13 @@ class PrefixEncoder(nn.Module):
         num_layers: int,
         hidden_size: int,
         num_heads: int,
+        head_dim: int,
         projection: bool = False,
         projection_hidden_size: int = 512,
         dropout: float = 0.1,
         init_std: float = 0.02,
-        head_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if head_dim is None:
-            if hidden_size % num_heads != 0:
-                raise ValueError(f"hidden_size {hidden_size} is not a multiple of num_heads {num_heads}")
-            head_dim = hidden_size // num_heads
         self.prefix_len = prefix_len
         self.num_layers = num_layers
         self.num_heads = num_heads

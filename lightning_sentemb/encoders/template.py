@@ -35,7 +35,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ..backbones import UnsupportedBackbone
 from ..backbones.family import TemplateReadout
-from .plain import Encoder, PlainFormat, pad_rows
+from ..errors import SentEmbUserError
+from .plain import Encoder, PlainFormat, pad_ids, pad_rows
 
 MARKERS = re.compile(r"(\[X\]|\[P\])")
 
@@ -90,7 +91,7 @@ class TemplateFormat(PlainFormat):
         self.first_position = first_position
         self.templates = [self.parse(text) for text in templates]
         if not self.templates:
-            raise ValueError("give at least one template")
+            raise SentEmbUserError("model.init_args: give at least one template")
         self.num_prompt_slots = max(max(t.prefix_slots + t.suffix_slots, default=-1) + 1 for t in self.templates)
 
     @property
@@ -102,12 +103,13 @@ class TemplateFormat(PlainFormat):
         if self.readout == "last":
             before, mask, after = text.partition("[MASK]")
             if mask and "[X]" not in before:
-                raise ValueError(f"template {text!r}: a causal model reads the token before [MASK], so [X] must come first")
+                raise SentEmbUserError(f"model.init_args: template {text!r}: a causal model reads the token before [MASK], "
+                                       "so [X] must come first")
             pieces = MARKERS.split(before)
         else:
             pieces = MARKERS.split(text.replace("[MASK]", self.tokenizer.mask_token))
         if pieces.count("[X]") != 1:
-            raise ValueError(f"template {text!r} must contain [X] exactly once")
+            raise SentEmbUserError(f"model.init_args: template {text!r} must contain [X] exactly once")
         parts: list[tuple[list[int], list[int]]] = [(list(self.prefix_ids), [-1] * len(self.prefix_ids)), ([], [])]
         side, slot = 0, 0
         for piece in pieces:
@@ -128,7 +130,7 @@ class TemplateFormat(PlainFormat):
         suffix.extend(self.suffix_ids)
         suffix_slots.extend([-1] * len(self.suffix_ids))
         if (prefix + suffix).count(self.mask_id) != 1:
-            raise ValueError(f"template {text!r} must contain the mask token exactly once")
+            raise SentEmbUserError(f"model.init_args: template {text!r} must contain the mask token exactly once")
         if self.mask_id in prefix:
             return Template(text, prefix, suffix, prefix_slots, suffix_slots, prefix.index(self.mask_id), True)
         return Template(text, prefix, suffix, prefix_slots, suffix_slots, suffix.index(self.mask_id))
@@ -183,10 +185,10 @@ class TemplateFormat(PlainFormat):
             positions.append(list(range(first, first + len(t.prefix))) + list(range(after, after + len(t.suffix))))
             read.append(t.readout_position(0))
         features = pad_rows(rows, self.pad_id)
-        features["position_ids"] = pad_rows(positions, 0)["input_ids"]
+        features["position_ids"] = pad_ids(positions, 0)
         features["pool_position"] = torch.tensor(read, dtype=torch.long)
         if self.num_prompt_slots:
-            features["prompt_slots"] = pad_rows(slots, -1)["input_ids"]
+            features["prompt_slots"] = pad_ids(slots, -1)
         if denoise:
             features["bias_index"] = torch.tensor(index, dtype=torch.long)
         return features
@@ -222,7 +224,7 @@ class TemplateEncoder(Encoder):
             elif prompt_init == "normal":
                 initial = torch.randn(shape) * self.backbone.config.initializer_range
             else:
-                raise ValueError(f"prompt_init must be 'uniform' or 'normal', got {prompt_init!r}")
+                raise SentEmbUserError(f"model.init_args.prompt_init must be 'uniform' or 'normal', got {prompt_init!r}")
             self.prompt = nn.Parameter(initial)
 
     def run_backbone(self, features: dict[str, Tensor]) -> Any:

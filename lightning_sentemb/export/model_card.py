@@ -213,7 +213,7 @@ def _papers(cls: type, causal: bool) -> dict[str, Paper]:
     a template method on a causal decoder adds PromptEOL, whose readout it uses."""
     names = [c.__name__ for c in cls.__mro__]
     found = {name: PAPERS[name] for name in names if name in PAPERS}
-    if causal and "PromptBERT" in found:
+    if causal and "PromptMethod" in names:  # PromptBERT, ConPVP, ClusterNSPrompt
         found["PromptEOL"] = PAPERS["PromptEOL"]
     if "ClusteringObjective" in names:  # the ClusterNS mixin names no paper itself
         found = {"ClusterNS": PAPERS["ClusterNS"], **found}

@@ -235,7 +235,8 @@ class SentEmbMethod(LightningModule):
                 features["input_ids"], features["attention_mask"], self.tokenizer,
                 self.hparams.mlm_probability, self.collate_generator,
             )
-            batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels}
+            batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels,
+                            "layout": features["layout"]}  # for a prefix's packed MLM forward
         return batch
 
     def mlm_weight_at(self, step: int) -> float:
@@ -276,7 +277,7 @@ class SentEmbMethod(LightningModule):
         loss, logs = self.training_loss(batch)
         if "mlm" in batch:
             mlm = batch["mlm"]
-            logits = self.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"])
+            logits = self.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"], mlm["layout"])
             logs["mlm_loss"] = mlm_loss(logits, mlm["labels"])
             loss = loss + self.mlm_weight_at(self.global_step) * logs["mlm_loss"]
         return loss, logs
@@ -344,7 +345,7 @@ class SentEmbMethod(LightningModule):
                 predicted = (mlm["labels"] != -100).sum()
                 logs["mlm_loss"] = loss.new_zeros(())
                 for span in chunk_spans(mlm["input_ids"].size(0), chunk):
-                    logits = self.encoder.mlm_logits(mlm["input_ids"][span], mlm["attention_mask"][span])
+                    logits = self.encoder.mlm_logits(mlm["input_ids"][span], mlm["attention_mask"][span], mlm["layout"][span])
                     part = mlm_loss(logits, mlm["labels"][span], reduction="sum") / predicted
                     backward(weight * part)
                     logs["mlm_loss"] += part.detach()

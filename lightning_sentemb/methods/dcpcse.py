@@ -36,6 +36,7 @@ from transformers import PreTrainedConfig
 
 from ..backbones import UnsupportedBackbone
 from ..encoders.lora import has_lora, save_backbone
+from ..encoders.packed import TokenLayout
 from ..encoders.plain import Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
 from ..errors import SentEmbUserError
@@ -47,7 +48,8 @@ __all__ = ["DCPCSE", "PrefixTunedEncoder", "trainable_parameter_count"]
 
 
 class PrefixTunedEncoder(Encoder):
-    """`Encoder` whose backbone runs with deep prefixes; the backbone is frozen.
+    """`Encoder` whose backbone runs with deep prefixes; the backbone is frozen (LoRA adapters, when set,
+    train with the prefix).
 
     MLM head (with `with_mlm_head`): loaded from the checkpoint when it has one, else fresh with its
     decoder tied to the word embeddings (the `Encoder` rule). Its decoder matrix stays tied, hence
@@ -91,11 +93,13 @@ class PrefixTunedEncoder(Encoder):
             layout=features.get("layout"),
         )
 
-    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """MLM through the prefix too, so the auxiliary loss trains it (as in the reference)."""
+    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
+        """MLM through the prefix too, so the auxiliary loss trains it (as in the reference); packed where
+        the prefix needs it (ModernBERT), with the batch's layout."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        return self.family.mlm_logits(self.mlm_model, self.prefixed(input_ids, attention_mask).last_hidden_state)
+        hidden = self.prefixed(input_ids, attention_mask, layout=layout).last_hidden_state
+        return self.family.mlm_logits(self.mlm_model, hidden)
 
 
 def trainable_parameter_count(
@@ -154,7 +158,9 @@ class DCPCSE(SimCSE):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, lr=lr, **kwargs)
-        if self.hparams.gradient_checkpointing and (not self.encoder.padding_free or self.hparams.mlm_weight > 0):
+        through_cache = self.encoder.family.prefix_through_cache  # else (ModernBERT) always packed
+        if self.hparams.gradient_checkpointing and through_cache and (not self.encoder.padding_free
+                                                                      or self.hparams.mlm_weight > 0):
             # transformers' checkpointed layers drop the key/value cache that carries the prefix on the
             # padded forward (and the MLM forward is padded); the packed forward checkpoints with it
             raise SentEmbUserError(

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from ..backbones import BackboneFamily
 from ..encoders.template import TemplateEncoder
+from ..errors import SentEmbUserError
 from .simcse import SimCSE
 
 BERT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
@@ -40,7 +41,8 @@ def default_templates(family: BackboneFamily) -> tuple[str, ...]:
 
 
 class PromptMethod(SimCSE):
-    """Shared by the template methods: the SimCSE loss over [MASK]-state views, template 0 at
+    """Shared by the template methods: the SimCSE loss over template-state views (the [MASK] state; a
+    decoder's template-final state), template 0 at
     evaluation, denoising switches, and the sentence-transformers export.
 
     Denoising defaults: on in training on encoders (PromptBERT's unsupervised objective, ConPVP's
@@ -53,7 +55,8 @@ class PromptMethod(SimCSE):
         denoise_train / denoise_val / denoise_test: subtract the template bias in training,
             validation, and test (test also covers `encode` outside a trainer, `sentemb evaluate`
             and the export); `denoise_train` None = on for encoders, off for decoders.
-        pooler: always "mask" (the hidden state at the template's mask token).
+        pooler: always "mask" (the state where the template is read: its mask token, or its last
+            token on a decoder).
         **kwargs: see `SimCSE` and `SentEmbMethod` (the MLM auxiliary loss is not supported).
     """
 
@@ -67,9 +70,10 @@ class PromptMethod(SimCSE):
         **kwargs: Any,
     ) -> None:
         if pooler != "mask":
-            raise ValueError(f"{type(self).__name__} pools the mask token; got pooler={pooler!r}")
+            raise SentEmbUserError(f"model.init_args.pooler: {type(self).__name__} pools where its template is read "
+                                   f"('mask'); got {pooler!r}")
         if kwargs.get("mlm_weight", 0.0) > 0:
-            raise ValueError(f"{type(self).__name__} does not support the MLM auxiliary loss (mlm_weight > 0)")
+            raise SentEmbUserError(f"model.init_args.mlm_weight: {type(self).__name__} has no MLM auxiliary loss; set 0")
         super().__init__(backbone, pooler=pooler, **kwargs)
 
     def apply_family_defaults(self) -> None:
