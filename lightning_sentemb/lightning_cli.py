@@ -179,7 +179,7 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
             SentEmbDataModule,
             subclass_mode_model=True,
             parser_class=SentEmbArgumentParser,
-            parser_kwargs={"parser_mode": "omegaconf", "prog": "sentemb"},
+            parser_kwargs={"parser_mode": "omegaconf", "prog": "sentemb", "allow_abbrev": False},  # no silent prefixes
             save_config_callback=LogFullConfig,
             # the run's config.yaml may be replaced: a resume rewrites it, and a new fit over an earlier
             # run's checkpoints is refused (or --overwrite) before it is written

@@ -321,3 +321,31 @@ def test_a_decoder_folder_is_evaluated_with_last_token_pooling_by_default(tiny_q
     method = load_method(tiny_qwen2)
     assert method.encoder.pooler == "last"
     torch.testing.assert_close(method.encode(SENTENCES[:2]), load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))
+
+
+def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_refusal(tmp_path) -> None:
+    """MPNet (no packed forward) numbers positions from padding_idx + 1 like RoBERTa: our padded forward
+    must give what the model itself gives; its unread pooler gets no gradient (DDP); a config with no
+    known dropout field (DistilBERT) refuses `dropout` in one line instead of ignoring it."""
+    from transformers import DistilBertConfig, MPNetConfig
+
+    from tests.conftest import minilm_ids, save_tiny
+
+    ids = minilm_ids()
+    config = MPNetConfig(vocab_size=ids["vocab_size"], pad_token_id=1, hidden_size=32,  # MPNet's padding_idx
+                         num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=130)
+    path = save_tiny(tmp_path / "mpnet", config)
+    method = SimCSE(path, pooler="avg", mlp="none").eval()
+    assert not method.encoder.padding_free
+    assert not any(p.requires_grad for p in method.encoder.backbone.pooler.parameters())
+    features = method.sentence_features(SENTENCES[:3])
+    model = AutoModel.from_pretrained(path).eval()
+    with torch.no_grad():
+        hidden = model(input_ids=features["input_ids"], attention_mask=features["attention_mask"]).last_hidden_state
+    mask = features["attention_mask"].unsqueeze(-1).float()
+    torch.testing.assert_close(method.encode(SENTENCES[:3]), (hidden * mask).sum(1) / mask.sum(1), atol=1e-5, rtol=1e-5)
+
+    distilbert = save_tiny(tmp_path / "distilbert", DistilBertConfig(vocab_size=ids["vocab_size"], dim=32, n_layers=2,
+                                                                     n_heads=4, hidden_dim=64))
+    with pytest.raises(SentEmbUserError, match="model.init_args.dropout: no known dropout setting in the distilbert"):
+        SimCSE(distilbert, pooler="avg", dropout=0.1)

@@ -58,6 +58,9 @@ def test_an_unknown_key_on_the_command_line_gets_the_closest_one(capsys):
     assert line == "sentemb: error: model.init_args.temprature: SimCSE has no such argument; did you mean `temperature`?"
     line = error_line(capsys, "fit", "-c", str(DEMO), "--data.batch_sise", "8")
     assert line == "sentemb: error: unknown key `data.batch_sise` (on the command line); did you mean `data.batch_size`?"
+    # a prefix of a real key is a mistake too, not an abbreviation that silently trains
+    line = error_line(capsys, "fit", "-c", str(DEMO), "--trainer.max_step", "3")
+    assert line == "sentemb: error: unknown key `trainer.max_step` (on the command line); did you mean `trainer.max_steps`?"
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
