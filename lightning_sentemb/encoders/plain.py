@@ -24,6 +24,7 @@ from .pretrained import load_config, load_pretrained
 log = logging.getLogger(__name__)
 
 POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask")
+LAYER_POOLERS = ("avg_first_last", "avg_top2")  # read hidden_states of several layers
 
 
 class PlainFormat:
@@ -233,7 +234,7 @@ class Encoder(nn.Module):
         attention_mask = features["attention_mask"]
         if position_ids is None:
             position_ids = self.family.position_ids(input_ids, attention_mask)
-        output_hidden_states = self.pooler in ("avg_first_last", "avg_top2")
+        output_hidden_states = self.pooler in LAYER_POOLERS
         if self.padding_free:
             return packed_forward(self.backbone, self.family, layout_of(features), input_ids, inputs_embeds, position_ids,
                                   output_hidden_states=output_hidden_states, layer_fn=self.layer_fn)

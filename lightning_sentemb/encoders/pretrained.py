@@ -44,6 +44,11 @@ def resolve_model_path(name: str | os.PathLike) -> str:
     return name
 
 
+def is_hub_id(name: str) -> bool:
+    """`namespace/name` or `name` on the hub: not an existing path, a folder-like path or `pkg:`."""
+    return not name.startswith("pkg:") and not os.path.exists(name) and not _looks_like_folder(name)
+
+
 def _looks_like_folder(name: str) -> bool:
     """A path rather than a hub id (`namespace/name`): absolute, relative with ./ or ~, or deeper."""
     return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name

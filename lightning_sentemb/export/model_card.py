@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from ..encoders.pretrained import is_hub_id
 from ..errors import SentEmbUserError
 
 if TYPE_CHECKING:
@@ -169,7 +170,7 @@ def model_card(
     front = {
         "library_name": "sentence-transformers",
         "pipeline_tag": "sentence-similarity",
-        **({"base_model": method.hparams.backbone} if _is_hub_id(method.hparams.backbone) else {}),
+        **({"base_model": method.hparams.backbone} if is_hub_id(method.hparams.backbone) else {}),
         "tags": ["sentence-transformers", "sentence-similarity", "feature-extraction", "lightning_sentemb",
                  *dict.fromkeys(p.lower() for p in papers)],
         **({"model-index": index} if index else {}),
@@ -218,11 +219,6 @@ def _papers(cls: type, causal: bool) -> dict[str, Paper]:
     if "ClusteringObjective" in names:  # the ClusterNS mixin names no paper itself
         found = {"ClusterNS": PAPERS["ClusterNS"], **found}
     return found
-
-
-def _is_hub_id(name: str) -> bool:
-    """`namespace/name` or `name` on the hub, not a folder or `pkg:`."""
-    return not name.startswith(("pkg:", ".", "/", "~")) and name.count("/") <= 1 and not os.path.exists(name)
 
 
 def _needs_our_code(folder: Path) -> bool:

@@ -37,7 +37,7 @@ from transformers import PreTrainedConfig
 from ..backbones import UnsupportedBackbone
 from ..encoders.lora import has_lora, save_backbone
 from ..encoders.packed import TokenLayout
-from ..encoders.plain import Encoder
+from ..encoders.plain import LAYER_POOLERS, Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
 from ..errors import SentEmbUserError
 from ..export import write_pooling_modules
@@ -87,7 +87,7 @@ class PrefixTunedEncoder(Encoder):
         return self.prefixed(
             features["input_ids"],
             features["attention_mask"],
-            output_hidden_states=self.pooler in ("avg_first_last", "avg_top2"),
+            output_hidden_states=self.pooler in LAYER_POOLERS,
             padding_free=self.padding_free,
             layer_fn=self.layer_fn,
             layout=features.get("layout"),
@@ -204,7 +204,7 @@ class DCPCSE(SimCSE):
             "projection_hidden_size": hp.prefix_hidden_size,
             "position_offset": hp.position_offset,
             "max_seq_length": self.eval_length,
-            "output_hidden_states": hp.pooler in ("avg_first_last", "avg_top2"),
+            "output_hidden_states": hp.pooler in LAYER_POOLERS,
         }
         PrefixedTransformer.write_files(folder, config, prefix_weights(self.encoder.prefixed))
         write_pooling_modules(self, folder, [PrefixedTransformer.modules_entry()])
