@@ -253,10 +253,14 @@ def parse_seeds(text: str) -> list[int]:
 def reproduce_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="sentemb reproduce", description="Fit once per seed, test, aggregate.",
-        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--root DIR] [-- FIT ARGS ...]",
+        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--paper NAME] [--root DIR] "
+              "[-- FIT ARGS ...]  |  sentemb reproduce --list-papers",
         epilog="Arguments after `--` are appended to every seed's `sentemb fit` "
                "(e.g. -- -c experiments/trainer/a100.yaml or -- --trainer.max_steps=50).",
     )
+    parser.add_argument("--list-papers", action="store_true", help="print the published rows and their sources")
+    parser.add_argument("--paper", default=None, help="the published row to compare with (default: the config's "
+                        "own, for the paper configs of experiments/; --list-papers names them)")
     parser.add_argument("--method", help="runs experiments/METHOD.yaml")
     parser.add_argument("-c", "--config", action="append", default=[], help="config file(s), after --method's")
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("5"), help="N (seeds 0..N-1) or a,b,c")

@@ -4,7 +4,10 @@
     sentemb reproduce -c experiments/demo/simcse.yaml --seeds 0,1,2 -- --trainer.max_steps=50
 
 Prints every seed's row, mean ± std per task (ConPVP's Table 4 reports ablations so) and the best
-of N (the seed with the best test Avg., as the seed papers' main tables report it). Each seed gets
+of N (the seed with the best test Avg., as the seed papers' main tables report it), then the
+published row (`papers.py`: the config's own, or `--paper NAME`) beside them task by task, with the
+differences and whether the average falls within the paper's spread. The same tables go to
+`ROOT/reproduce.md`, the numbers to `ROOT/reproduce.json`. Each seed gets
 `--seed_everything=SEED` and its own `--trainer.default_root_dir` under `--root`; arguments after
 `--` are appended to every fit (a trainer preset, a smaller model). The fits run in this process
 one after another, so under DDP every rank runs the same loop in step.
@@ -20,10 +23,11 @@ from pathlib import Path
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_only
 
-from .atomic_io import atomic_write_json
+from .atomic_io import atomic_write_json, atomic_write_text
 from .errors import SentEmbUserError
-from .lightning_cli import lightning_main
 from .evaluation.sts import format_table
+from .lightning_cli import lightning_main
+from .papers import PAPERS, TASKS, PaperRow, format_papers, paper_for_config, spread_of
 
 EXPERIMENTS = Path("experiments")
 
@@ -78,20 +82,87 @@ def format_report(name: str, results: dict[int, dict[str, float]]) -> str:
     return format_table(rows) + "\n" + spread
 
 
+def paper_row(name: str | None, files: Sequence[str]) -> PaperRow | None:
+    """`--paper NAME`'s row, else the published row of the first config when it is a paper config
+    under `experiments/`, else None."""
+    if name is not None:
+        if name not in PAPERS:
+            raise SentEmbUserError(f"sentemb reproduce --paper {name}: no such published row; choose from "
+                                   f"{', '.join(PAPERS)} (sentemb reproduce --list-papers)")
+        return PAPERS[name]
+    try:
+        config = Path(files[0]).resolve().relative_to(EXPERIMENTS.resolve())
+    except ValueError:
+        return None
+    return paper_for_config(str(config.with_suffix("")))
+
+
+def compare_to_paper(row: PaperRow, results: dict[int, dict[str, float]]) -> dict:
+    """Per task: the paper's score, the reproduced mean ± std and best of N, the differences
+    (reproduced − paper); and whether the average is within the paper's spread. A best-of-seeds row
+    is compared with the best of N, any other with the mean."""
+    summary = summarize(results)
+    best = results[summary["best_seed"]]
+    tasks = [t for t in TASKS if t in summary["mean"]]
+    spread, spread_basis = spread_of(row)
+    statistic = "best" if row.best_of_seeds else "mean"
+    reproduced_avg = best["avg"] if row.best_of_seeds else summary["mean"]["avg"]
+    return {
+        "paper": row.name, "source": row.source, "statistic": row.statistic, "compared": statistic,
+        "tasks": {t: {"paper": row.scores[t], "mean": summary["mean"][t], "std": summary["std"][t], "best": best[t],
+                      "mean_minus_paper": summary["mean"][t] - row.scores[t], "best_minus_paper": best[t] - row.scores[t]}
+                  for t in tasks},
+        "spread": spread, "spread_basis": spread_basis,
+        "within_spread": bool(abs(reproduced_avg - row.scores["avg"]) <= spread),
+    }
+
+
+def format_comparison(row: PaperRow, comparison: dict, seeds: int) -> str:
+    """Markdown: a line naming the row, one table row per task, and the verdict on the average."""
+    short = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
+    lines = [f"Paper: {row.name}, {row.model} ({row.backbone}), {row.statistic}; {row.source}", "",
+             f"| task | paper | reproduced mean ± std ({seeds} seeds) | Δ mean | best of {seeds} | Δ best |",
+             "|---|---|---|---|---|---|"]
+    for task, c in comparison["tasks"].items():
+        paper = f"{c['paper']:.2f}" + (f" ± {row.std[task]:.2f}" if row.std else "")
+        lines.append(f"| {short.get(task, task)} | {paper} | {c['mean']:.2f} ± {c['std']:.2f} | "
+                     f"{c['mean_minus_paper']:+.2f} | {c['best']:.2f} | {c['best_minus_paper']:+.2f} |")
+    avg = comparison["tasks"]["avg"]
+    reproduced = avg["best"] if comparison["compared"] == "best" else avg["mean"]
+    where = "within" if comparison["within_spread"] else "outside"
+    lines += ["", f"Avg.: reproduced {comparison['compared']} {reproduced:.2f} is {where} the paper's "
+                  f"{avg['paper']:.2f} ± {comparison['spread']:.2f} ({comparison['spread_basis']})."]
+    return "\n".join(lines)
+
+
 @rank_zero_only
-def report(name: str, results: dict[int, dict[str, float]], root: Path) -> None:
-    """Print the table; write `root/reproduce.json`."""
-    print(f"\n{name}: {len(results)} seeds, best checkpoint (STS-B dev) of each, tested on the STS tasks")
-    print(format_report(name, results))
+def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: PaperRow | None = None) -> None:
+    """Print the tables; write `root/reproduce.md` (the same) and `root/reproduce.json`."""
+    heading = f"{name}: {len(results)} seeds, best checkpoint (STS-B dev) of each, tested on the STS tasks"
+    sections = [heading, format_report(name, results)]
     content = {"seeds": {str(seed): scores for seed, scores in results.items()}, **summarize(results)}
+    if paper is not None:
+        comparison = compare_to_paper(paper, results)
+        sections.append(format_comparison(paper, comparison, len(results)))
+        content["paper"] = comparison
+    else:
+        sections.append("No published row for this config: `--paper NAME` picks one (`sentemb reproduce --list-papers`).")
+    text = "\n\n".join(sections)
+    print("\n" + text)
+    atomic_write_text(root / "reproduce.md", f"# Reproduce: {name}\n\n{text}\n")
     atomic_write_json(root / "reproduce.json", content)
 
 
 def reproduce_command(options: argparse.Namespace, overrides: list[str]) -> None:
-    """`sentemb reproduce (--method M | -c FILE ...) --seeds N [--root DIR] [-- fit overrides]` (parsed by `cli`)."""
+    """`sentemb reproduce (--method M | -c FILE ...) --seeds N [--paper NAME] [--root DIR] [-- fit overrides]`
+    or `sentemb reproduce --list-papers` (parsed by `cli`)."""
+    if options.list_papers:
+        print(format_papers())
+        return
     # every run's arguments are passed to LightningCLI on purpose, beside this command's own sys.argv
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     files = config_files(options.method, options.config)
+    paper = paper_row(options.paper, files)  # a wrong --paper fails before the first fit
     name = options.method or Path(files[0]).stem
     root = Path(options.root or Path("out") / "reproduce" / name)
-    report(name, run_seeds(files, options.seeds, root, overrides), root)
+    report(name, run_seeds(files, options.seeds, root, overrides), root, paper)

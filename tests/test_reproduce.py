@@ -38,9 +38,9 @@ def test_summary_is_mean_sample_std_and_best_avg():
 
 
 @pytest.mark.slow  # ~20 s alone on 2 free cores
-def test_reproduce_two_seeds_prints_the_table(tiny_bert, sts_fixture, tmp_path, capsys):
+def test_reproduce_two_seeds_prints_the_table_beside_the_paper(tiny_bert, sts_fixture, tmp_path, capsys):
     root = tmp_path / "repro"
-    main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--seeds", "2", "--root", str(root), "--",
+    main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--seeds", "2", "--paper", "simcse", "--root", str(root), "--",
           *tiny_overrides(tiny_bert, sts_fixture, tmp_path), "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--model.lr=1e-2"])
     out = capsys.readouterr().out
     for row in ("simcse seed 0", "simcse seed 1", "simcse mean ± std", "simcse best of 2 (seed "):
@@ -49,6 +49,18 @@ def test_reproduce_two_seeds_prints_the_table(tiny_bert, sts_fixture, tmp_path, 
         assert column in out
     saved = json.loads((root / "reproduce.json").read_text())
     assert list(saved["seeds"]) == ["0", "1"] and list(saved["mean"]) == TASKS
+    # the published row beside the reproduced one, task by task, with the differences
+    paper = saved["paper"]
+    assert paper["paper"] == "simcse" and list(paper["tasks"]) == TASKS
+    stsb = paper["tasks"]["STSBenchmark"]
+    assert stsb["paper"] == 76.85 and stsb["mean"] == pytest.approx(saved["mean"]["STSBenchmark"])
+    assert stsb["mean_minus_paper"] == pytest.approx(saved["mean"]["STSBenchmark"] - 76.85)
+    row = f"| STS-B | 76.85 | {stsb['mean']:.2f} ± {stsb['std']:.2f} | {stsb['mean_minus_paper']:+.2f} |"
+    assert row in out
+    assert "Paper: simcse, unsup-SimCSE-BERT-base" in out and "Avg.: reproduced mean" in out
+    assert not paper["within_spread"]  # four steps of a tiny random model are far from 76.25
+    markdown = (root / "reproduce.md").read_text()
+    assert row in markdown and "| simcse mean ± std |" in markdown
     assert saved["seeds"]["0"] != saved["seeds"]["1"]  # the seed changes the run
     for seed in (0, 1):
         run = root / f"seed-{seed}"

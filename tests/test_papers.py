@@ -1,0 +1,113 @@
+"""The published rows are the papers' own numbers, each paper config maps to its row, and the
+comparison `sentemb reproduce` prints subtracts the right things."""
+
+import re
+import pytest
+
+from lightning_sentemb.cli import main
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.papers import PAPERS, TASKS, paper_for_config, spread_of
+from lightning_sentemb.reproduce import compare_to_paper, format_comparison, paper_row
+
+from .conftest import REPO
+
+PAPERS_DIR = REPO.parent / "shared" / "papers"
+SEED_METHOD_AVERAGES = {"simcse": 76.25, "promptbert": 78.54, "conpvp": 78.85, "dcpcse": 78.49, "clusterns": 77.55}
+
+
+def paper_text(file: str) -> str:
+    path = PAPERS_DIR / file
+    if not path.is_file():
+        pytest.skip(f"{path} absent (the seed papers' text)")
+    return " ".join(path.read_text().split())  # tables are tab- or space-separated, on one line or several
+
+
+@pytest.mark.parametrize("name", [name for name, row in PAPERS.items() if row.seed_paper_file])
+def test_row_is_printed_in_the_seed_paper(name):
+    """The eight numbers, in the table's order, appear together in the paper's text."""
+    row = PAPERS[name]
+    numbers = " ".join(f"{row.scores[task]:.2f}" for task in TASKS)
+    assert numbers in paper_text(row.seed_paper_file)
+
+
+def test_the_five_seed_methods_average_as_their_papers_say():
+    files = {"simcse": "dcpcse_jiang2022.txt", "promptbert": "conpvp_zeng2022.txt", "conpvp": "conpvp_zeng2022.txt",
+             "dcpcse": "dcpcse_jiang2022.txt", "clusterns": "clusterns_deng2023.txt"}
+    for name, average in SEED_METHOD_AVERAGES.items():
+        assert PAPERS[name].scores["avg"] == average
+        assert re.search(rf"(?<![\d.]){average:.2f}(?![\d])", paper_text(files[name])), name
+
+
+def test_each_average_is_the_mean_of_its_tasks_to_rounding():
+    """A typo in a copied number shows here (PromptBERT's README is 0.017 off: its averages are of
+    unrounded scores)."""
+    for row in PAPERS.values():
+        tasks = [row.scores[t] for t in TASKS[:-1]]
+        assert abs(sum(tasks) / len(tasks) - row.scores["avg"]) <= 0.02, row.name
+
+
+def test_every_paper_config_exists_and_maps_to_its_row():
+    for row in PAPERS.values():
+        for config in row.configs:
+            assert (REPO / "experiments" / f"{config}.yaml").is_file()
+            assert paper_for_config(config) is row
+    assert paper_for_config("demo/simcse") is None
+    assert paper_for_config("llm/prompteol_nli") is None  # Qwen2-0.5B: no published row
+
+
+def test_paper_row_by_name_by_config_or_none(monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert paper_row(None, ["experiments/dcpcse.yaml", "experiments/trainer/a100.yaml"]) is PAPERS["dcpcse"]
+    assert paper_row(None, ["experiments/demo/simcse.yaml"]) is None
+    assert paper_row("simcse", ["experiments/demo/simcse.yaml"]) is PAPERS["simcse"]
+    with pytest.raises(SentEmbUserError, match="--paper nope: no such published row; choose from simcse"):
+        paper_row("nope", ["experiments/demo/simcse.yaml"])
+
+
+def reproduced(offset_0: float, offset_1: float) -> dict[int, dict[str, float]]:
+    base = PAPERS["simcse"].scores
+    return {0: {t: base[t] + offset_0 for t in TASKS}, 1: {t: base[t] + offset_1 for t in TASKS}}
+
+
+def test_comparison_of_a_mean_row_uses_the_mean_and_the_default_spread():
+    row = PAPERS["simcse"]
+    comparison = compare_to_paper(row, reproduced(-1.0, 0.0))  # mean −0.5, best +0.0
+    stsb = comparison["tasks"]["STSBenchmark"]
+    assert stsb["paper"] == 76.85
+    assert stsb["mean"] == pytest.approx(76.35) and stsb["mean_minus_paper"] == pytest.approx(-0.5)
+    assert stsb["std"] == pytest.approx(2 ** -0.5)  # sample std of (x−1, x)
+    assert stsb["best_minus_paper"] == pytest.approx(0.0)
+    assert spread_of(row)[0] == 0.5 and comparison["within_spread"]  # |−0.5| ≤ 0.5
+    assert not compare_to_paper(row, reproduced(-1.2, 0.0))["within_spread"]
+    text = format_comparison(row, comparison, 2)
+    assert "| STS-B | 76.85 | 76.35 ± 0.71 | -0.50 | 76.85 | +0.00 |" in text
+    assert "Avg.: reproduced mean 75.75 is within the paper's 76.25 ± 0.50 (no std published" in text
+
+
+def test_comparison_of_a_best_of_seeds_row_uses_the_best_and_a_published_std_is_the_spread():
+    conpvp = PAPERS["conpvp"]
+    results = {0: {t: conpvp.scores[t] - 2.0 for t in TASKS}, 1: {t: conpvp.scores[t] - 0.3 for t in TASKS}}
+    comparison = compare_to_paper(conpvp, results)
+    assert comparison["compared"] == "best" and comparison["within_spread"]  # best −0.3 within 0.5
+    promptbert = PAPERS["promptbert"]
+    near = {0: {t: promptbert.scores[t] + 0.1 for t in TASKS}, 1: {t: promptbert.scores[t] + 0.1 for t in TASKS}}
+    assert spread_of(promptbert)[0] == 0.15 and compare_to_paper(promptbert, near)["within_spread"]
+    far = {0: {t: promptbert.scores[t] + 0.2 for t in TASKS}, 1: {t: promptbert.scores[t] + 0.2 for t in TASKS}}
+    assert not compare_to_paper(promptbert, far)["within_spread"]
+    assert "| STS12 | 71.56 ± 0.18 |" in format_comparison(promptbert, compare_to_paper(promptbert, far), 2)
+
+
+def test_list_papers_prints_every_row_and_its_source(capsys):
+    main(["reproduce", "--list-papers"])
+    out = capsys.readouterr().out
+    for row in PAPERS.values():
+        assert f"| {row.name} | " in out and row.source in out
+    assert "| conpvp | 71.72 | 84.95 | 77.68 | 83.64 | 79.76 | 80.82 | 73.38 | 78.85 | best of 4 seeds" in out
+
+
+def test_an_unknown_paper_fails_before_any_fit(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--paper", "simcse_large"])
+    assert exit_info.value.code == 2
+    assert "no such published row" in capsys.readouterr().err
