@@ -38,6 +38,12 @@ METHODS = {
     "clusterns": lambda path: ClusterNS(path, num_clusters=2),
     "clusterns_prompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
     "clusterns_prefix_mlm": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2, mlm_weight=0.1),
+    # Matryoshka: the loss over truncations (views, template-bias rows, prototypes, centroids truncated alike)
+    "simcse_mlm_matryoshka": lambda path: SimCSE(path, mlm_weight=0.1, matryoshka_dims=[32, 8]),
+    "promptbert_matryoshka": lambda path: PromptBERT(path, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, .5, 2]),
+    "conpvp_matryoshka": lambda path: ConPVP(path, matryoshka_dims=[16, 8]),
+    "dcpcse_matryoshka": lambda path: DCPCSE(path, prefix_len=2, matryoshka_dims=[32, 8]),
+    "clusterns_prompt_matryoshka": lambda path: ClusterNSPrompt(path, num_clusters=2, matryoshka_dims=[32, 16, 8]),
 }
 
 
@@ -87,9 +93,9 @@ def relative_error(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) 
 def test_cached_gradient_equals_one_forward(name: str, tiny_bert: str) -> None:
     method = build(name, tiny_bert, dtype=torch.float64)
     batch = batch_for(name, method)
-    if name in ("promptbert", "conpvp", "clusterns_prompt"):
+    if name.removesuffix("_matryoshka") in ("promptbert", "conpvp", "clusterns_prompt"):
         assert batch["features"]["input_ids"].size(0) > batch["batch_size"] * batch["num_views"]  # bias rows
-    assert ("mlm" in batch) == name.endswith("_mlm")
+    assert ("mlm" in batch) == ("_mlm" in name)
     loss, want = gradients(method, batch, 0)
     cached_loss, got = gradients(method, batch, CHUNK)
     torch.testing.assert_close(cached_loss, loss, rtol=1e-12, atol=0)
@@ -181,9 +187,9 @@ class SaveRankZeroGradients(RecordGradients):
             torch.save(self.grads, self.path)
 
 
-def ddp_fit(backbone: str, out: str) -> None:
-    """One cached SimCSE step on 2 CPU processes; Lightning relaunches `python -m tests.test_grad_cache`."""
-    method = build("simcse", backbone, dtype=torch.float64)
+def ddp_fit(backbone: str, out: str, name: str = "simcse") -> None:
+    """One cached step of METHODS[name] on 2 CPU processes; Lightning relaunches `python -m tests.test_grad_cache`."""
+    method = build(name, backbone, dtype=torch.float64)
     method.hparams.grad_cache_chunk = CHUNK
     trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -192,16 +198,18 @@ def ddp_fit(backbone: str, out: str) -> None:
 
 
 @pytest.mark.slow
-def test_ddp_cached_gradient_equals_one_process(tiny_bert: str, tmp_path) -> None:
+@pytest.mark.parametrize("name", ["simcse", "promptbert_matryoshka"])
+def test_ddp_cached_gradient_equals_one_process(name: str, tiny_bert: str, tmp_path) -> None:
     """2 CPU processes (gloo), 4 sentences each: the synced cached gradient is the one-process
-    gradient of the 8-sentence global batch (InfoNCE is invariant to the order of the batch)."""
+    gradient of the 8-sentence global batch (InfoNCE is invariant to the order of the batch), also
+    with Matryoshka truncations (each all-gathers its truncated rows)."""
     out = tmp_path / "grads.pt"
     env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "tests.test_grad_cache", tiny_bert, str(out)], cwd=REPO, env=env,
+    result = subprocess.run([sys.executable, "-m", "tests.test_grad_cache", tiny_bert, str(out), name], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
     (got,) = torch.load(out)
-    method = build("simcse", tiny_bert, dtype=torch.float64)
+    method = build(name, tiny_bert, dtype=torch.float64)
     _, want = gradients(method, method.collate(examples(method)), 0)
     assert relative_error(got, want) < 1e-10
 

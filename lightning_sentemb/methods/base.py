@@ -4,7 +4,8 @@ LoRA and the memory switches, checkpoints.
 A method subclasses `SentEmbMethod` and contributes only what makes it different:
 `build_encoder` (input format), `collate` (the views of a training example) and `embedding_loss`
 (the loss from the batch's sentence embeddings). The base embeds the batch, in one forward or, with
-`grad_cache_chunk`, chunk by chunk with gradient caching.
+`grad_cache_chunk`, chunk by chunk with gradient caching, and with `matryoshka_dims` sums the method's
+loss over truncations of the embeddings (`sentence_loss`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ..errors import SentEmbUserError
 from ..export import write_plain_export
 from ..grad_cache import RngState, chunk_spans, rows_of
 from ..losses.mlm import mask_tokens, mlm_loss
+from ..matryoshka import check_dims, truncate
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
@@ -67,6 +69,14 @@ class SentEmbMethod(LightningModule):
             mask); None = the family's default, cls for encoders and last for decoders.
         dropout: every dropout probability of the backbone's config (None = the checkpoint's). Decoder
             LLMs and ModernBERT ship with 0, which makes unsupervised SimCSE's two views identical.
+        matryoshka_dims: Matryoshka training (e.g. [768, 512, 256, 128, 64]): the method's own loss on
+            the first d dimensions of every embedding of the batch, re-normalized, for each d, summed
+            with `matryoshka_weights` (default 1 each, as sentence-transformers' MatryoshkaLoss). None
+            = the plain loss. See `sentence_loss`.
+        matryoshka_weights: one weight per entry of `matryoshka_dims`.
+        matryoshka_eval_dim: validation (the STS-B dev score that selects `best.ckpt`) on the first
+            this many dimensions; None = all. Test and `encode` keep every dimension
+            (`sentemb evaluate --dims` scores truncations).
         mlp: Linear+Tanh projection over the pooled vector: "train" (SimCSE unsupervised: used in
             training, dropped at evaluation), "always" (supervised SimCSE), or "none".
         temperature: τ of the contrastive softmax.
@@ -129,6 +139,9 @@ class SentEmbMethod(LightningModule):
         backbone_dtype: BackboneDtype = "fp32",
         load_in_4bit: bool = False,
         dropout: float | None = None,
+        matryoshka_dims: list[int] | None = None,
+        matryoshka_weights: list[float] | None = None,
+        matryoshka_eval_dim: int | None = None,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
@@ -147,6 +160,7 @@ class SentEmbMethod(LightningModule):
         self.backbone_identity = backbone_identity(backbone)
         hidden = self.encoder.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp != "none" else None
+        self.check_matryoshka(matryoshka_dims, matryoshka_weights, matryoshka_eval_dim)
         self.sts_metrics = nn.ModuleDict(
             {
                 task.replace(".", "_"): StsSpearman(STS_SUBSETS.get(task, (task,)), sts_aggregation)
@@ -179,6 +193,19 @@ class SentEmbMethod(LightningModule):
         if gradient_checkpointing:
             enable_gradient_checkpointing(backbone)
 
+    def check_matryoshka(self, dims: list[int] | None, weights: list[float] | None, eval_dim: int | None) -> None:
+        """One line for Matryoshka settings that cannot apply to this embedding size."""
+        size = self.output_size
+        if dims is not None:
+            check_dims(dims, size, "model.init_args.matryoshka_dims")
+        if weights is not None and (dims is None or len(weights) != len(dims)):
+            raise SentEmbUserError(
+                f"model.init_args.matryoshka_weights {weights}: give one weight per entry of "
+                f"model.init_args.matryoshka_dims ({dims})"
+            )
+        if eval_dim is not None:
+            check_dims([eval_dim], size, "model.init_args.matryoshka_eval_dim")
+
     @property
     def automatic_optimization(self) -> bool:
         """Off with gradient caching, which runs its own backward passes and optimizer step."""
@@ -204,7 +231,32 @@ class SentEmbMethod(LightningModule):
         (`embed(batch["features"])`, the views in collate's order)."""
         raise NotImplementedError
 
+    def prepare_truncations(self, embeddings: Tensor, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch `embedding_loss` gets at every Matryoshka truncation, with what the method computes
+        once from the full embeddings (ClusterNS: the K-means assignment); the batch itself by default."""
+        return batch
+
     # ----- shared -----------------------------------------------------------------------
+    def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The method's `embedding_loss`; with `matryoshka_dims`, Σ_d w_d · embedding_loss(truncation to
+        d), each truncation the first d dimensions of every row re-normalized (`matryoshka.truncate`),
+        so what the method builds from rows (views, prototypes, template-denoised vectors: the bias is
+        subtracted at full size, which truncation commutes with) is truncated alike. The logged values
+        are the method's at the first listed size, plus each truncation's loss."""
+        dims = self.hparams.matryoshka_dims
+        if not dims:
+            return self.embedding_loss(embeddings, batch)
+        weights = self.hparams.matryoshka_weights or [1.0] * len(dims)
+        batch = self.prepare_truncations(embeddings, batch)
+        total, logs = 0.0, {}
+        for dim, weight in zip(dims, weights, strict=True):
+            loss, values = self.embedding_loss(truncate(embeddings, dim), batch)
+            if dim == dims[0]:
+                logs.update(values)
+            logs[f"matryoshka/loss_{dim}"] = loss.detach()
+            total = total + weight * loss
+        return total, logs
+
     @property
     def tokenizer(self):
         return self.encoder.tokenizer
@@ -225,7 +277,7 @@ class SentEmbMethod(LightningModule):
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """(loss, extra values to log) of one training batch embedded in one forward pass."""
-        return self.embedding_loss(self.embed(batch["features"]), batch)
+        return self.sentence_loss(self.embed(batch["features"]), batch)
 
     def add_mlm_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Attach corrupted copies of the training rows for the MLM auxiliary loss, when enabled."""
@@ -333,7 +385,7 @@ class SentEmbMethod(LightningModule):
                 rows.append(self.encoder(rows_of(features, span, batch_keys)))
         cached = torch.cat(rows)
         cached = cached.to(torch.promote_types(cached.dtype, torch.float32)).requires_grad_()
-        loss, logs = self.embedding_loss(self.project(self.encoder.combine_rows(cached, features)), batch)
+        loss, logs = self.sentence_loss(self.project(self.encoder.combine_rows(cached, features)), batch)
         (row_grads,) = torch.autograd.grad(loss, cached, retain_graph=True)
         with no_sync():
             for span, rng_state in zip(spans, rng_states, strict=True):
@@ -454,9 +506,12 @@ class SentEmbMethod(LightningModule):
         return self.encoder.hidden_size
 
     # ----- STS validation and test --------------------------------------------------------
-    def _sts_step(self, batch: dict[str, Any]) -> None:
+    def _sts_step(self, batch: dict[str, Any], dim: int | None = None) -> None:
+        """Cosines of a batch of STS pairs into the task's metric; on the first `dim` dimensions when given."""
         n = len(batch["first"])
         embeddings = self.encode_batch(batch["first"] + batch["second"])
+        if dim is not None:
+            embeddings = truncate(embeddings, dim)
         cosines = torch.nn.functional.cosine_similarity(embeddings[:n].float(), embeddings[n:].float(), dim=-1)
         self.sts_metrics[batch["task"].replace(".", "_")].update(batch["index"], cosines, batch["gold"], batch["subset"])
 
@@ -472,7 +527,7 @@ class SentEmbMethod(LightningModule):
         return scores
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._sts_step(batch)
+        self._sts_step(batch, self.hparams.matryoshka_eval_dim)
 
     def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._sts_step(batch)

@@ -23,7 +23,7 @@ from lightning.pytorch import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from ..callbacks.kmeans import CentroidState, KMeansCallback, UpdateRule, global_initial_centroids
+from ..callbacks.kmeans import Assignment, CentroidState, KMeansCallback, UpdateRule, global_initial_centroids
 from ..distributed import gather_with_grad, local_labels
 from ..errors import SentEmbUserError
 from ..losses.clusterns import BMLReduction, ClusterNSLoss, FalseNegatives, HardNegatives
@@ -111,22 +111,33 @@ class ClusteringObjective:
         kmeans = KMeansCallback(self.hparams.sigma, self.hparams.gamma, self.hparams.update_rule)
         return [*super().configure_callbacks(), kmeans]
 
-    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def assign_clusters(self, embeddings: Tensor, batch: dict[str, Any]) -> Assignment:
+        """The K-means assignment of the global batch's anchor view, kept (`last_cluster_*`) for the
+        callback's update."""
         if batch["num_views"] != 2:
             raise ValueError(
                 f"{type(self).__name__} is unsupervised (two views of each sentence); got {batch['num_views']} "
                 "views: train on a one-sentence-a-line corpus"
             )
+        all_anchors = gather_with_grad(embeddings.unflatten(0, (2, -1))[0].detach())
+        clusters = self.cluster_state.assign(all_anchors, self.global_step)
+        self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, clusters.nearest
+        return clusters
+
+    def prepare_truncations(self, embeddings: Tensor, batch: dict[str, Any]) -> dict[str, Any]:
+        """Matryoshka: the clusters are found once, at full size, and shared by every truncation; the
+        K-means state (centroids, their updates) stays full-size, and each truncation's loss sees the
+        centroids truncated like the embeddings (re-normalized by the cosine)."""
+        return {**batch, "clusters": self.assign_clusters(embeddings, batch)}
+
+    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        clusters = batch["clusters"] if "clusters" in batch else self.assign_clusters(embeddings, batch)
         anchors, positives = embeddings.unflatten(0, (2, -1))
-        all_anchors = gather_with_grad(anchors.detach())
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
         state = self.cluster_state
-        clusters = state.assign(all_anchors, self.global_step)
-        self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, clusters.nearest
-        loss, stats = self.loss_fn(
-            anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest
-        )
+        centroids = state.centroids[:, : anchors.size(-1)]  # all of them unless Matryoshka truncates
+        loss, stats = self.loss_fn(anchors, positives, labels, centroids, clusters.nearest, clusters.second_nearest)
         if not state.is_initialized:  # perhaps started on the device: both losses, the flag picks
             plain, plain_stats = self.loss_fn(anchors, positives, labels)
             loss = torch.where(state.initialized, loss, plain)
