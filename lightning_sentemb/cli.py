@@ -88,7 +88,17 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "32"])
     parser.add_argument("--device", default=None, help="cuda when available, else cpu")
     parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
+    parser.add_argument("--dims", type=parse_dims, default=None,
+                        help="comma-separated sizes, e.g. 64,256: also score the Matryoshka truncations (the first d "
+                             "dimensions, re-normalized), one row each (`MODEL @d`); the model is encoded once")
     return parser
+
+
+def parse_dims(text: str) -> list[int]:
+    try:
+        return [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--dims takes comma-separated sizes such as 64,256; got {text!r}") from None
 
 
 def evaluate(options: argparse.Namespace) -> None:
@@ -102,6 +112,7 @@ def evaluate(options: argparse.Namespace) -> None:
     from .evaluation.suite import evaluate_suite
     from .loading import load_method
     from .loggers import silence_known_noise
+    from .matryoshka import check_dims, memoized, truncated
 
     silence_known_noise()
     report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
@@ -115,16 +126,23 @@ def evaluate(options: argparse.Namespace) -> None:
         """Keep every finished evaluator on disk: a later failure must not discard it."""
         results[label] = partial
         if results_file is not None:
-            atomic_write_bytes(results_file, encode_results(results[label] if len(options.model) == 1 else results))
+            one_model = len(options.model) == 1 and not options.dims
+            atomic_write_bytes(results_file, encode_results(results[label] if one_model else results))
 
     for model, label in zip(options.model, model_labels(options.model, options.name)):
         method = load_method(model, options.pooler, trust_checkpoint=options.trust_checkpoint,
                              eval_precision=options.precision).to(device)
-        evaluate_suite(
-            functools.partial(method.encode, batch_size=options.batch_size), evaluators, options.data_dir,
-            (report_dir or Path(".")) / "figures", name=label, aggregation=options.aggregation,
-            on_result=lambda partial, label=label: save(label, partial),
-        )
+        encode = functools.partial(method.encode, batch_size=options.batch_size)
+        if options.dims:  # every truncation reads the one encoding of each sentence list
+            check_dims(options.dims, method.output_size, "--dims")
+            encode = memoized(encode)
+        for dim in [None, *(options.dims or ())]:
+            name = label if dim is None else f"{label} @{dim}"
+            evaluate_suite(
+                encode if dim is None else truncated(encode, dim), evaluators, options.data_dir,
+                (report_dir or Path(".")) / "figures", name=name, aggregation=options.aggregation,
+                on_result=lambda partial, name=name, dim=dim: save(name, partial if dim is None else {**partial, "dim": dim}),
+            )
     if "sts" in evaluators:
         print(format_table({model: r["sts"] for model, r in results.items()}))
     if report_dir is not None:

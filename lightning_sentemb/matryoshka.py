@@ -4,7 +4,7 @@ are an embedding of their own. Training applies a method's loss to each truncati
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,3 +28,30 @@ def check_dims(dims: Sequence[int], size: int, option: str) -> list[int]:
         raise SentEmbUserError(f"{option} {dims}: {problem} (the embedding has {size} dimensions); "
                                f"give distinct sizes such as {[d for d in (size, size // 2, size // 4) if d]}")
     return dims
+
+
+Encode = Callable[..., Tensor]
+
+
+def truncated(encode: Encode, dim: int) -> Encode:
+    """`encode` whose embeddings are truncated to `dim` and re-normalized: what a model trained with
+    `matryoshka_dims` serves at that size (sentence-transformers' `truncate_dim`, then cosine)."""
+
+    def encode_truncated(sentences: Sequence[str], **kwargs) -> Tensor:
+        return truncate(encode(sentences, **kwargs), dim)
+
+    return encode_truncated
+
+
+def memoized(encode: Encode) -> Encode:
+    """`encode` that keeps the embeddings of each list of sentences it was given, so scoring several
+    truncations encodes each evaluation set once (keyword arguments such as a progress label aside)."""
+    cache: dict[tuple[str, ...], Tensor] = {}
+
+    def cached(sentences: Sequence[str], **kwargs) -> Tensor:
+        key = tuple(sentences)
+        if key not in cache:
+            cache[key] = encode(list(sentences), **kwargs)
+        return cache[key]
+
+    return cached

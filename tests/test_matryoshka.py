@@ -111,3 +111,90 @@ def test_truncate_is_the_normalized_prefix() -> None:
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, F.normalize(embeddings[:, :4].float(), dim=-1))
     torch.testing.assert_close(got.norm(dim=-1), torch.ones(5))
+
+
+# ----- a short Matryoshka fit: validation at a truncation, evaluate --dims, export ---------------------
+SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football"]
+
+
+@pytest.fixture(scope="module")
+def matryoshka_run(tiny_bert, sts_fixture, tmp_path_factory):
+    from lightning_sentemb.cli import main
+
+    from .test_end_to_end import fit_args
+
+    root = tmp_path_factory.mktemp("matryoshka_run")
+    main(["fit", *fit_args(tiny_bert, sts_fixture, root, "--model.pooler", "avg", "--model.mlp", "none",
+                           "--model.matryoshka_dims", "[32, 16, 8]", "--model.matryoshka_weights", "[1, 1, 0.5]",
+                           "--model.matryoshka_eval_dim", "16")])
+    return root
+
+
+def hand_sts(method, tasks, dim: int | None) -> dict[str, float]:
+    """encode, then the first `dim` columns over their norm, then the STS scoring."""
+    from lightning_sentemb.evaluation.sts import evaluate_sts
+
+    def encode(sentences):
+        embeddings = method.encode(list(sentences))
+        return embeddings if dim is None else cut(embeddings, dim)
+
+    return evaluate_sts(encode, tasks)
+
+
+def test_validation_selects_on_the_truncation(matryoshka_run, sts_fixture):
+    from lightning_sentemb.data.senteval import load_sts_task
+    from lightning_sentemb.loading import load_method
+
+    best = matryoshka_run / "checkpoints" / "best.ckpt"
+    checkpoint = torch.load(best, weights_only=False)
+    state = next(v for k, v in checkpoint["callbacks"].items() if "SentEmbCheckpoint" in k)
+    method = load_method(str(best))
+    dev = [load_sts_task("STSBenchmark-dev", sts_fixture)]
+    at_16 = hand_sts(method, dev, 16)["STSBenchmark-dev"]
+    assert float(state["best_model_score"]) == pytest.approx(at_16, abs=1e-4)
+    assert at_16 != pytest.approx(hand_sts(method, dev, None)["STSBenchmark-dev"], abs=1e-3)
+    metrics = (matryoshka_run / "lightning_logs" / "version_0" / "metrics.csv").read_text()
+    assert all(f"train/matryoshka/loss_{d}" in metrics for d in (32, 16, 8))
+
+
+def test_evaluate_dims_scores_each_truncation_as_encode_truncate_normalize(matryoshka_run, sts_fixture, tmp_path):
+    import json
+
+    from lightning_sentemb.cli import main
+    from lightning_sentemb.data.senteval import STS_TASKS, load_sts_task
+    from lightning_sentemb.loading import load_method
+
+    best = matryoshka_run / "checkpoints" / "best.ckpt"
+    main(["evaluate", "--model", str(best), "--name", "run", "--tasks", "sts", "--dims", "8,16",
+          "--data-dir", str(sts_fixture), "--output", str(tmp_path / "report")])
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert list(results) == ["run", "run @8", "run @16"]
+    assert results["run @8"]["dim"] == 8 and "dim" not in results["run"]
+    method = load_method(str(best))
+    tasks = [load_sts_task(t, sts_fixture) for t in STS_TASKS]
+    for label, dim in (("run", None), ("run @8", 8), ("run @16", 16)):
+        assert results[label]["sts"] == pytest.approx(hand_sts(method, tasks, dim), abs=1e-6), label
+    assert "| run @8 |" in (tmp_path / "report" / "report.md").read_text()
+
+    # the export records the sizes, serves a truncation, and its card lists the score at each size
+    from sentence_transformers import SentenceTransformer
+
+    main(["export", str(best), str(tmp_path / "export"), "--results", str(tmp_path / "report")])
+    config = json.loads((tmp_path / "export" / "config_sentence_transformers.json").read_text())
+    assert config["matryoshka_dims"] == [32, 16, 8]
+    st = SentenceTransformer(str(tmp_path / "export"), device="cpu", truncate_dim=8)
+    torch.testing.assert_close(torch.as_tensor(st.encode(SENTENCES)), method.encode(SENTENCES)[:, :8], atol=1e-5, rtol=0)
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "trained at sizes [32, 16, 8]" in card
+    for label, dim in (("run", "all"), ("run @8", 8), ("run @16", 16)):
+        sts = results[label]["sts"]
+        assert f"| {dim} | " + " | ".join(f"{sts[t]:.2f}" for t in sts) + " |" in card
+
+
+def test_dims_beyond_the_embedding_are_one_line(matryoshka_run, sts_fixture, capsys):
+    from lightning_sentemb.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--model", str(matryoshka_run / "checkpoints" / "best.ckpt"), "--dims", "8,64",
+              "--data-dir", str(sts_fixture)])
+    assert "--dims [8, 64]: [64] outside 1..32" in capsys.readouterr().err

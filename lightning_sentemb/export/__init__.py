@@ -10,7 +10,9 @@ Each method writes its own folder (`SentEmbMethod.write_export`): plain poolers 
 sentence-transformers' own modules (`plain`); methods whose embedding needs our code with one of
 our sentence-transformers modules (`SentEmbSTModule` in `st_module`: `template` for
 PromptBERT/ConPVP, `prefix` for DCPCSE), loaded with `trust_remote_code=True`. Every export
-carries a `README.md` model card (`model_card`).
+carries a `README.md` model card (`model_card`). A model trained with `matryoshka_dims` records them in
+`config_sentence_transformers.json` (`matryoshka_dims`, beside sentence-transformers' own
+`similarity_fn_name`); `SentenceTransformer(folder, truncate_dim=d)` serves a truncation.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..atomic_io import atomic_directory
 from ..errors import SentEmbUserError
 from .model_card import RunFacts, model_card
-from .plain import write_plain_export, write_pooling_modules
+from .plain import write_json, write_plain_export, write_pooling_modules
 
 if TYPE_CHECKING:
     from ..methods.base import SentEmbMethod
@@ -61,5 +63,8 @@ def export(
     out_dir = check_export_folder(out_dir)
     with atomic_directory(out_dir) as staging:
         method.write_export(staging, adapter_only)
+        if method.hparams.get("matryoshka_dims"):
+            write_json(staging / "config_sentence_transformers.json",
+                       {"similarity_fn_name": "cosine", "matryoshka_dims": list(method.hparams.matryoshka_dims)})
         (staging / "README.md").write_text(model_card(method, staging, out_dir.name, facts, results))
     return out_dir

@@ -140,7 +140,8 @@ def run_facts(checkpoint_path: str | os.PathLike, trust_checkpoint: bool = False
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """The results of one model from `sentemb evaluate --output` (its JSON file, or its folder)."""
+    """The results of one model from `sentemb evaluate --output` (its JSON file, or its folder); with
+    `--dims`, the truncations' results under `dims` ({size: results})."""
     path = Path(path)
     file = path / "results.json" if path.is_dir() else path
     try:
@@ -150,10 +151,12 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(results, dict) or not results:
         raise SentEmbUserError(f"--results {file}: holds no results")
     if not {"sts", "transfer", "clustering"} & set(results):  # several models: {label: results}
-        if len(results) != 1:
-            raise SentEmbUserError(f"--results {file} holds {len(results)} models ({', '.join(results)}); "
+        full = {label: r for label, r in results.items() if "dim" not in r}
+        if len(full) != 1:
+            raise SentEmbUserError(f"--results {file} holds {len(full)} models ({', '.join(full)}); "
                                    "evaluate this checkpoint alone and pass its results")
-        results = next(iter(results.values()))
+        truncations = {r["dim"]: r for r in results.values() if "dim" in r}  # `sentemb evaluate --dims`
+        results = next(iter(full.values())) | ({"dims": truncations} if truncations else {})
     return results
 
 
@@ -241,6 +244,9 @@ def _embedding_lines(method: SentEmbMethod) -> list[str]:
     lines = [f"- Pooling: {pooling}; {'a Linear+Tanh layer after it' if method.eval_mlp is not None else 'no MLP'} "
              f"at inference (training MLP: `{hp.mlp}`).",
              f"- Dimension: {method.output_size}; inputs truncated at {method.eval_length} tokens."]
+    if hp.get("matryoshka_dims"):
+        lines.append(f"- Matryoshka: trained at sizes {list(hp.matryoshka_dims)}; the first d dimensions, "
+                     "re-normalized, are an embedding: `SentenceTransformer(..., truncate_dim=d)`.")
     templates = getattr(method.encoder.format, "templates", None)
     if templates:
         denoise = " (template-bias denoising on)" if hp.get("denoise_test") else ""
@@ -271,6 +277,12 @@ def _score_lines(facts: RunFacts, results: dict[str, Any]) -> list[str]:
         lines += ["", "STS test sets, Spearman ×100 of cosine similarities (`sentemb evaluate`):", "",
                   "| " + " | ".join(sts) + " |", "|" + "---|" * len(sts),
                   "| " + " | ".join(f"{value:.2f}" for value in sts.values()) + " |"]
+    truncations = {dim: r["sts"] for dim, r in results.get("dims", {}).items() if "sts" in r}
+    if sts and truncations:
+        lines += ["", "STS test sets at each Matryoshka size (`sentemb evaluate --dims`; `truncate_dim=d`):", "",
+                  "| dimensions | " + " | ".join(sts) + " |", "|" + "---|" * (len(sts) + 1),
+                  *(f"| {dim} | " + " | ".join(f"{scores[task]:.2f}" for task in sts) + " |"
+                    for dim, scores in {"all": sts, **truncations}.items())]
     transfer = {task: r["acc"] for task, r in results.get("transfer", {}).items() if "acc" in r}
     if transfer:
         lines += ["", "Transfer tasks, accuracy (%):", "", "| " + " | ".join(transfer) + " |",
