@@ -198,3 +198,17 @@ def test_dims_beyond_the_embedding_are_one_line(matryoshka_run, sts_fixture, cap
         main(["evaluate", "--model", str(matryoshka_run / "checkpoints" / "best.ckpt"), "--dims", "8,64",
               "--data-dir", str(sts_fixture)])
     assert "--dims [8, 64]: [64] outside 1..32" in capsys.readouterr().err
+
+
+def test_lora_adapters_train_on_the_matryoshka_loss(tiny_bert: str) -> None:
+    """The truncations' loss reaches the adapters (the backbone frozen) like the plain one."""
+    torch.manual_seed(0)
+    method = SimCSE(tiny_bert, lora={"r": 2, "alpha": 4, "dropout": 0.0}, matryoshka_dims=[32, 8], mlp="none")
+    ids = method.encoder.format.sentence_ids(SENTENCES + ["the sun shines"])
+    loss, logs = method.step_loss(method.collate([{"sent0": row} for row in ids]))
+    loss.backward()
+    adapters = {n: p.grad for n, p in method.named_parameters() if p.requires_grad}
+    assert adapters and all("lora_" in n for n in adapters)
+    # B starts at zero (peft), so A's first gradient is zero; every B gets one
+    assert all(g.abs().sum() > 0 for n, g in adapters.items() if "lora_B" in n)
+    assert set(logs) == {"matryoshka/loss_32", "matryoshka/loss_8"}
