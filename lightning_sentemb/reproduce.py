@@ -99,7 +99,8 @@ def paper_row(name: str | None, files: Sequence[str]) -> PaperRow | None:
 
 def compare_to_paper(row: PaperRow, results: dict[int, dict[str, float]]) -> dict:
     """Per task: the paper's score, the reproduced mean ± std and best of N, the differences
-    (reproduced − paper); and whether the average is within the paper's spread. A best-of-seeds row
+    (reproduced − paper); and whether the average is within the paper's spread (None when the run
+    tested other tasks than the paper's seven: its average is of another set). A best-of-seeds row
     is compared with the best of N, any other with the mean."""
     summary = summarize(results)
     best = results[summary["best_seed"]]
@@ -107,13 +108,14 @@ def compare_to_paper(row: PaperRow, results: dict[int, dict[str, float]]) -> dic
     spread, spread_basis = spread_of(row)
     statistic = "best" if row.best_of_seeds else "mean"
     reproduced_avg = best["avg"] if row.best_of_seeds else summary["mean"]["avg"]
+    same_tasks = tasks == list(TASKS)
     return {
         "paper": row.name, "source": row.source, "statistic": row.statistic, "compared": statistic,
         "tasks": {t: {"paper": row.scores[t], "mean": summary["mean"][t], "std": summary["std"][t], "best": best[t],
                       "mean_minus_paper": summary["mean"][t] - row.scores[t], "best_minus_paper": best[t] - row.scores[t]}
                   for t in tasks},
         "spread": spread, "spread_basis": spread_basis,
-        "within_spread": bool(abs(reproduced_avg - row.scores["avg"]) <= spread),
+        "within_spread": bool(abs(reproduced_avg - row.scores["avg"]) <= spread) if same_tasks else None,
     }
 
 
@@ -127,6 +129,8 @@ def format_comparison(row: PaperRow, comparison: dict, seeds: int) -> str:
         paper = f"{c['paper']:.2f}" + (f" ± {row.std[task]:.2f}" if row.std else "")
         lines.append(f"| {short.get(task, task)} | {paper} | {c['mean']:.2f} ± {c['std']:.2f} | "
                      f"{c['mean_minus_paper']:+.2f} | {c['best']:.2f} | {c['best_minus_paper']:+.2f} |")
+    if comparison["within_spread"] is None:
+        return "\n".join([*lines, "", "Avg.: not compared: the run tested other tasks than the paper's seven."])
     avg = comparison["tasks"]["avg"]
     reproduced = avg["best"] if comparison["compared"] == "best" else avg["mean"]
     where = "within" if comparison["within_spread"] else "outside"

@@ -111,3 +111,11 @@ def test_an_unknown_paper_fails_before_any_fit(capsys, monkeypatch):
         main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--paper", "simcse_large"])
     assert exit_info.value.code == 2
     assert "no such published row" in capsys.readouterr().err
+
+
+def test_a_run_on_other_tasks_is_not_judged_on_its_average():
+    row = PAPERS["simcse"]
+    partial = {seed: {"STSBenchmark": 76.0, "avg": 76.0} for seed in (0, 1)}
+    comparison = compare_to_paper(row, partial)
+    assert list(comparison["tasks"]) == ["STSBenchmark", "avg"] and comparison["within_spread"] is None
+    assert "Avg.: not compared" in format_comparison(row, comparison, 2)
