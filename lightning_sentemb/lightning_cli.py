@@ -26,6 +26,7 @@ from .errors import SentEmbUserError
 from .loading import SAFE_GLOBALS, read_checkpoint
 from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod
+from .user_code import add_user_folders
 
 SELECTION_METRIC = "val/STSBenchmark-dev"
 # Lightning's 50 logs a 60-step demo's loss once; 10 gives a curve and is negligible in long runs.
@@ -172,6 +173,7 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
     A fit stopped by SIGTERM or Ctrl-C (after saving last.ckpt) exits with status 143, not 0.
     """
     silence_known_noise()
+    add_user_folders(config_files_in(sys.argv[1:] if args is None else args))  # a class_path beside the config
     torch.serialization.add_safe_globals(SAFE_GLOBALS)  # `--ckpt_path` loads with weights_only=True as well
     try:
         return SentEmbCLI(
