@@ -139,3 +139,9 @@ def _shown(path: str) -> str:
     """`path` relative to the working directory when it lies below it (as the user typed it)."""
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative
+
+
+def disk_usage_line(folder: Path, kept: str) -> str:
+    """`<folder>: 812 MB on disk (<kept>)`: what a sweep or reproduce leaves behind."""
+    size = sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+    return f"{_shown(str(folder))}: {size / 1e6:,.0f} MB on disk ({kept})"

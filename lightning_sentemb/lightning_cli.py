@@ -62,6 +62,21 @@ class SentEmbCLI(LightningCLI):
             accepted = [action.dest for action in rejected.parser._actions]
             files = config_files_in(sys.argv[1:] if args is None else list(args))
             raise SentEmbUserError(describe_parse_error(rejected.message, accepted, files)) from None
+        self._check_ckpt_path()
+
+    def _check_ckpt_path(self) -> None:
+        """`--ckpt_path FILE` read before Lightning reads it: a truncated or foreign file is one line, and
+        so is a fit resumed from a lean `best.ckpt`, which holds no optimizer state."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path is None or not Path(path).is_file():  # best / last: resolved to files later
+            return
+        checkpoint = read_checkpoint(path, mmap=True)
+        if subcommand == "fit" and "optimizer_states" not in checkpoint:
+            raise SentEmbUserError(
+                f"--ckpt_path {path} holds the weights without the optimizer state (a best.ckpt is lean), so a fit "
+                "cannot resume from it: resume with --ckpt_path last"
+            )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(SentEmbCheckpoint, "checkpoint")
@@ -198,3 +213,10 @@ def end_of_fit(cli: SentEmbCLI) -> None:
     """The last lines of `sentemb fit`: where the results are and what to run next."""
     if cli.trainer.is_global_zero:
         print(fit_summary(cli.trainer, cli.run_checkpoint), flush=True)
+
+
+def keep_best_only(cli: SentEmbCLI) -> None:
+    """A finished run of a sweep or of reproduce is never resumed: its `last.ckpt` (the full state, three
+    times a lean `best.ckpt` under AdamW) is deleted, `best.ckpt` kept."""
+    if cli.trainer.is_global_zero:
+        cli.run_checkpoint.last_path.unlink(missing_ok=True)

@@ -184,6 +184,17 @@ def test_truncated_or_random_checkpoint_is_one_line_naming_the_file(tmp_path, ca
         assert f"checkpoint {broken} is not a readable PyTorch checkpoint" in line
 
 
+@pytest.mark.parametrize("subcommand", ["test", "fit"])
+def test_truncated_ckpt_path_file_is_one_line(subcommand, tiny_bert, sts_fixture, tmp_path, capsys):
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, whole)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(whole.read_bytes()[:2000])
+    _, *args = fit_args(tiny_bert, sts_fixture, tmp_path / "run", "--ckpt_path", str(truncated))
+    line = error_line(capsys, subcommand, *args)
+    assert f"checkpoint {truncated} is not a readable PyTorch checkpoint" in line
+
+
 # ----- evaluate keeps results ----------------------------------------------------------------
 def test_evaluate_checks_the_output_path_before_loading_anything(tmp_path, capsys):
     blocker = tmp_path / "a-file"
