@@ -149,6 +149,11 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
         raise SentEmbUserError(f"--results {path}: not a results file of `sentemb evaluate --output` ({error})") from error
     if not isinstance(results, dict) or not results:
         raise SentEmbUserError(f"--results {file}: holds no results")
+    capped = results.get("max_examples") or next((r.get("max_examples") for r in results.values() if isinstance(r, dict)
+                                                  and r.get("max_examples")), None)
+    if capped:
+        raise SentEmbUserError(f"--results {file}: scores of a quick look capped at {capped} examples per task "
+                               "(--max-examples), not for a model card; evaluate without --max-examples")
     if not {"sts", "transfer", "clustering"} & set(results):  # several models: {label: results}
         if len(results) != 1:
             raise SentEmbUserError(f"--results {file} holds {len(results)} models ({', '.join(results)}); "
