@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks.checkpointing import AtomicCheckpointIO, SentEmbCheckpoint, TrainingGuard
 from .config_errors import config_files_in, describe_parse_error
-from .console import SentEmbModelSummary, SentEmbProgressBar, fit_summary
+from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
 from .errors import SentEmbUserError
 from .loading import SAFE_GLOBALS, read_checkpoint
@@ -110,7 +110,8 @@ class SentEmbCLI(LightningCLI):
             kwargs["logger"] = default_loggers(config.get("default_root_dir") or "out", resumed)
             callbacks.append(LoggerIds())
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            callbacks.append(SentEmbProgressBar(SELECTION_METRIC))
+            # a log file (nohup, SLURM) gets plain lines as the fit goes; Rich's bar would show only at the end
+            callbacks.append(SentEmbProgressBar(SELECTION_METRIC) if sys.stdout.isatty() else PlainProgress(monitor=SELECTION_METRIC))
         if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(SentEmbModelSummary())
         kwargs["callbacks"] = callbacks

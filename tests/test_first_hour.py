@@ -321,3 +321,24 @@ def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     assert bar._get_train_description(0).strip() == "Epoch 0"
     trainer.max_epochs = 3
     assert bar._get_train_description(1).strip() == "Epoch 1/2"
+
+
+def test_a_fit_logged_to_a_file_prints_plain_progress_lines_as_it_goes(tiny_bert, sts_fixture, tmp_path):
+    """stdout to a file (nohup, SLURM): plain lines every 10 log steps (here 10 steps) and after each
+    validation, before the end of the fit, and no Rich bar."""
+    log = tmp_path / "fit.log"
+    args = [*fit_args(tiny_bert, sts_fixture, tmp_path / "run", "--trainer.max_steps", "12", "--trainer.log_every_n_steps",
+                      "1", "--trainer.val_check_interval", "6", "--data.val_tasks", "[STSBenchmark-dev]",
+                      "--trainer.enable_model_summary", "false")]
+    with log.open("w") as file:
+        done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], stdout=file, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}, timeout=300)
+    lines = log.read_text().splitlines()
+    assert done.returncode == 0, lines[-20:]
+    end = next(i for i, line in enumerate(lines) if line.startswith("fit done: 12 steps."))
+    progress = [line for line in lines[:end] if line.startswith(("step ", "validation at step "))]
+    assert [line.split(" · ")[0] for line in progress] == [
+        "validation at step 6: STS-B dev " + progress[0].rsplit(" ", 1)[-1], "step 10/12",
+        "validation at step 12: STS-B dev " + progress[2].rsplit(" ", 1)[-1], "step 12/12"]
+    assert "loss " in progress[1] and "sentences/s" in progress[1] and "ETA " in progress[1]
+    assert "━" not in log.read_text()  # no Rich bar
