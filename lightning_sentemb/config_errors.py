@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from .user_code import missing_module_error
+
 __all__ = ["config_files_in", "describe_parse_error"]
 
 NOISE = (
@@ -63,6 +65,9 @@ def describe_parse_error(message: str, keys: Iterable[str], config_files: Sequen
     if outer is None:
         return _innermost(message)
     key = outer.group(1)
+    no_module = re.search(r"No module named '([\w.]+)'", message)
+    if no_module:
+        return str(missing_module_error(no_module.group(1), f"{key}.class_path"))
     class_path = _class_path(message)
     inner = re.findall(r'Parser key "([^"]+)":', message[outer.end():])  # the last is the rejected argument
     if class_path and inner:

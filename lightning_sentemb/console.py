@@ -1,16 +1,21 @@
-"""What a fit prints: the progress bar, the model summary, and the summary at its end."""
+"""What a fit prints: the progress bar (Rich on a terminal, plain lines in a log file), the model
+summary, and the summary at its end; tqdm bars that write whole lines to a log file."""
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import RichModelSummary, RichProgressBar
+from lightning.pytorch.callbacks import ProgressBar, RichModelSummary, RichProgressBar
 from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.model_summary.model_summary import get_formatted_model_size, get_human_readable_count
+from tqdm.auto import tqdm
 
 from .callbacks.checkpointing import SentEmbCheckpoint
 from .distributed import at_decision_step
@@ -70,6 +75,107 @@ class SentEmbProgressBar(RichProgressBar):
 
     def get_metrics(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         return {**super().get_metrics(trainer, pl_module), **self.shown}
+
+
+class PlainProgress(ProgressBar):
+    """The progress of a fit as plain lines, for a log file (nohup, SLURM), where a Rich bar shows only
+    at the end: one line every `every_n_steps` optimizer steps (default 10 × `log_every_n_steps`) and
+    whenever `every_seconds` have passed, with the step, the training loss of the latest log step,
+    sentences/s and the ETA; one line after each validation with STS-B dev. `sentemb fit` uses it in
+    place of the Rich bar when stdout is not a terminal.
+
+        step 120/1000 · loss 0.0123 · 410 sentences/s · elapsed 4:52 · ETA 35:41
+
+    The loss is read back from the device only when a line is printed (once per 30 s at most between
+    the N-step lines), never on the other steps."""
+
+    def __init__(self, every_n_steps: int | None = None, every_seconds: float = 30.0, monitor: str = "val/STSBenchmark-dev",
+                 monitor_label: str = "STS-B dev") -> None:
+        super().__init__()
+        self.every_n_steps, self.every_seconds = every_n_steps, every_seconds
+        self.monitor, self.monitor_label = monitor, monitor_label
+        self._enabled = True
+        self._start = self._last_line = 0.0
+        self._first_step = 0
+        self._sentences = 0
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._start = self._last_line = time.monotonic()
+        self._first_step, self._sentences = trainer.global_step, 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._sentences += _examples_in(batch) * trainer.world_size  # shapes only: no device read
+        every_n = self.every_n_steps or 10 * max(trainer.log_every_n_steps, 1)
+        now = time.monotonic()
+        if trainer.global_step % every_n == 0 or now - self._last_line >= self.every_seconds:
+            self._print_step(trainer, now)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._print_step(trainer, time.monotonic())
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        score = trainer.callback_metrics.get(self.monitor)
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and score is not None:
+            self._line(f"validation at step {trainer.global_step}: {self.monitor_label} {float(score):.2f}")
+
+    def _print_step(self, trainer: Trainer, now: float) -> None:
+        self._last_line = now
+        elapsed = now - self._start
+        done = trainer.global_step - self._first_step
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        parts = [f"step {trainer.global_step}" + (f"/{int(total)}" if total != float("inf") else "")]
+        loss = trainer.callback_metrics.get(TRAINING_LOSS)
+        if loss is not None:
+            parts.append(f"loss {float(loss):.4g}")
+        if elapsed > 0 and done > 0:
+            parts.append(f"{self._sentences / elapsed:,.0f} sentences/s")
+        parts.append(f"elapsed {_clock(elapsed)}")
+        if done > 0 and total != float("inf"):
+            parts.append(f"ETA {_clock(elapsed / done * max(total - trainer.global_step, 0))}")
+        self._line(" · ".join(parts))
+
+    @rank_zero_only
+    def _line(self, text: str) -> None:
+        if self._enabled:
+            print(text, flush=True)
+
+
+def _examples_in(batch: Any) -> int:
+    """Training examples in a batch as `collate` builds it (rows / views unless it says)."""
+    if isinstance(batch, dict) and "features" in batch:
+        return batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
+    return 0
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class PlainLines(tqdm):
+    """tqdm for a log file: its status as a whole line (no carriage returns) every 30 s and when done."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "mininterval": 30.0, "ascii": True, "leave": False})
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+        self.fp.write(f"{self}\n")
+        self.fp.flush()
+        return True
+
+
+def progress_bar(*args: Any, **kwargs: Any) -> tqdm:
+    """tqdm's bar on a terminal, `PlainLines` when its output (stderr) goes to a file."""
+    file = kwargs.get("file") or sys.stderr
+    return tqdm(*args, **kwargs) if file.isatty() else PlainLines(*args, **kwargs)
 
 
 class SentEmbModelSummary(RichModelSummary):
@@ -139,3 +245,9 @@ def _shown(path: str) -> str:
     """`path` relative to the working directory when it lies below it (as the user typed it)."""
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative
+
+
+def disk_usage_line(folder: Path, kept: str) -> str:
+    """`<folder>: 812 MB on disk (<kept>)`: what a sweep or reproduce leaves behind."""
+    size = sum(path.stat().st_size for path in Path(folder).rglob("*") if path.is_file())
+    return f"{_shown(str(folder))}: {size / 1e6:,.0f} MB on disk ({kept})"

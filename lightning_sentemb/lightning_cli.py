@@ -20,12 +20,13 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks.checkpointing import AtomicCheckpointIO, SentEmbCheckpoint, TrainingGuard
 from .config_errors import config_files_in, describe_parse_error
-from .console import SentEmbModelSummary, SentEmbProgressBar, fit_summary
+from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
 from .errors import SentEmbUserError
 from .loading import SAFE_GLOBALS, read_checkpoint
 from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod
+from .user_code import add_user_folders
 
 SELECTION_METRIC = "val/STSBenchmark-dev"
 # Lightning's 50 logs a 60-step demo's loss once; 10 gives a curve and is negligible in long runs.
@@ -61,6 +62,21 @@ class SentEmbCLI(LightningCLI):
             accepted = [action.dest for action in rejected.parser._actions]
             files = config_files_in(sys.argv[1:] if args is None else list(args))
             raise SentEmbUserError(describe_parse_error(rejected.message, accepted, files)) from None
+        self._check_ckpt_path()
+
+    def _check_ckpt_path(self) -> None:
+        """`--ckpt_path FILE` read before Lightning reads it: a truncated or foreign file is one line, and
+        so is a fit resumed from a lean `best.ckpt`, which holds no optimizer state."""
+        subcommand = self.config.get("subcommand")
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if path is None or not Path(path).is_file():  # best / last: resolved to files later
+            return
+        checkpoint = read_checkpoint(path, mmap=True)
+        if subcommand == "fit" and "optimizer_states" not in checkpoint:
+            raise SentEmbUserError(
+                f"--ckpt_path {path} holds the weights without the optimizer state (a best.ckpt is lean), so a fit "
+                "cannot resume from it: resume with --ckpt_path last"
+            )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(SentEmbCheckpoint, "checkpoint")
@@ -94,7 +110,8 @@ class SentEmbCLI(LightningCLI):
             kwargs["logger"] = default_loggers(config.get("default_root_dir") or "out", resumed)
             callbacks.append(LoggerIds())
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
-            callbacks.append(SentEmbProgressBar(SELECTION_METRIC))
+            # a log file (nohup, SLURM) gets plain lines as the fit goes; Rich's bar would show only at the end
+            callbacks.append(SentEmbProgressBar(SELECTION_METRIC) if sys.stdout.isatty() else PlainProgress(monitor=SELECTION_METRIC))
         if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(SentEmbModelSummary())
         kwargs["callbacks"] = callbacks
@@ -172,6 +189,7 @@ def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -
     A fit stopped by SIGTERM or Ctrl-C (after saving last.ckpt) exits with status 143, not 0.
     """
     silence_known_noise()
+    add_user_folders(config_files_in(sys.argv[1:] if args is None else args))  # a class_path beside the config
     torch.serialization.add_safe_globals(SAFE_GLOBALS)  # `--ckpt_path` loads with weights_only=True as well
     try:
         return SentEmbCLI(
@@ -196,3 +214,10 @@ def end_of_fit(cli: SentEmbCLI) -> None:
     """The last lines of `sentemb fit`: where the results are and what to run next."""
     if cli.trainer.is_global_zero:
         print(fit_summary(cli.trainer, cli.run_checkpoint), flush=True)
+
+
+def keep_best_only(cli: SentEmbCLI) -> None:
+    """A finished run of a sweep or of reproduce is never resumed: its `last.ckpt` (the full state, three
+    times a lean `best.ckpt` under AdamW) is deleted, `best.ckpt` kept."""
+    if cli.trainer.is_global_zero:
+        cli.run_checkpoint.last_path.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from .encoders.pretrained import load_config
 from .errors import SentEmbUserError
 from .methods.base import SentEmbMethod
 from .methods.simcse import SimCSE
+from .user_code import add_user_folders, missing_module_error
 
 # What a checkpoint may hold beyond tensors and plain containers under `weights_only=True`: numpy
 # scalars and arrays (RNG states, metric values). Found by loading checkpoints of every method;
@@ -27,9 +28,17 @@ SAFE_GLOBALS = [
 TRUST_HINT = "if you wrote the file or trust its source, pass --trust-checkpoint"
 
 
-def method_class(qualified_name: str) -> type[SentEmbMethod]:
+def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
+    """The class a checkpoint names; a method outside the package is imported from the working
+    directory (`user_code`), and a missing module is one line naming `wanted_by` (the checkpoint)."""
     module, _, name = qualified_name.rpartition(".")
-    return getattr(importlib.import_module(module), name)
+    add_user_folders()
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not (module == error.name or module.startswith(f"{error.name}.")):
+            raise
+        raise missing_module_error(error.name, f"{wanted_by} was trained with {qualified_name}") from None
 
 
 def read_checkpoint(
@@ -80,7 +89,7 @@ def load_method(
     """
     if str(path).endswith(".ckpt"):
         checkpoint = read_checkpoint(path, map_location, trust_checkpoint)
-        cls = method_class(checkpoint.get("sentemb_method", "lightning_sentemb.methods.SimCSE"))
+        cls = method_class(checkpoint.get("sentemb_method", "lightning_sentemb.methods.SimCSE"), f"checkpoint {path}")
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return cls.load_from_checkpoint(path, map_location=map_location, weights_only=not trust_checkpoint,
                                             **overrides)

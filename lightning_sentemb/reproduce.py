@@ -24,9 +24,10 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_only
 
 from .atomic_io import atomic_write_json, atomic_write_text
+from .console import disk_usage_line
 from .errors import SentEmbUserError
 from .evaluation.sts import format_table
-from .lightning_cli import lightning_main
+from .lightning_cli import keep_best_only, lightning_main
 from .papers import PAPERS, TASKS, PaperRow, format_papers, paper_for_config, spread_of
 
 EXPERIMENTS = Path("experiments")
@@ -57,6 +58,7 @@ def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides:
             cli = lightning_main(argv)
             cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=cli.run_checkpoint.best_model_path)
             results[seed] = dict(cli.model.test_results)
+            keep_best_only(cli)
         finally:
             wandb.finish()  # the next seed's WandbLogger must start its own W&B run
     return results
@@ -155,6 +157,7 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: P
     print("\n" + text)
     atomic_write_text(root / "reproduce.md", f"# Reproduce: {name}\n\n{text}\n")
     atomic_write_json(root / "reproduce.json", content)
+    print(disk_usage_line(root, "best.ckpt of each seed; last.ckpt removed"))
 
 
 def reproduce_command(options: argparse.Namespace, overrides: list[str]) -> None:

@@ -31,8 +31,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
 from .atomic_io import atomic_write_json
+from .console import disk_usage_line
 from .errors import SentEmbUserError
-from .lightning_cli import lightning_main
+from .lightning_cli import keep_best_only, lightning_main
 
 if TYPE_CHECKING:
     from sweeps import SweepRun
@@ -66,6 +67,24 @@ def fit_arguments(sweep: dict[str, Any], params: dict[str, Any], overrides: Sequ
         raise ValueError(f"overrides name swept parameter(s) {', '.join(clashes)}: the sweep would not search them")
     at = command.index("${args}")
     return [*command[1:at], *swept_flags(params), *command[at + 1 :], *overrides]
+
+
+def without_repeated_keys(arguments: Sequence[str]) -> list[str]:
+    """`arguments` with every option given twice (`--trainer.max_steps=30` in the sweep file, then
+    `--trainer.max_steps=10` after `--`) kept only where it is given last, the value that wins;
+    `-c` files are all kept."""
+    groups: list[tuple[str | None, list[str]]] = []
+    i = 0
+    while i < len(arguments):
+        token = arguments[i]
+        takes_value = token.startswith("--") and "=" not in token and i + 1 < len(arguments) \
+            and not arguments[i + 1].startswith("--")
+        key = token[2:].split("=", 1)[0] if token.startswith("--") and token != "--config" else None
+        groups.append((None if key is None else next(iter(_normalized([key]))),
+                       list(arguments[i : i + (2 if takes_value else 1)])))
+        i += 2 if takes_value else 1
+    last = {key: index for index, (key, _) in enumerate(groups) if key is not None}
+    return [token for index, (key, tokens) in enumerate(groups) if key is None or last[key] == index for token in tokens]
 
 
 def _flag_keys(arguments: Sequence[str]) -> list[str]:
@@ -155,6 +174,7 @@ def run_sweep(
             cli = lightning_main(local.argv, callbacks=[SweepTracker(sweep, run, [d.run for d in done])])
             local.log_dir = cli.trainer.log_dir
             run.state, local.state = RunState.finished, "stopped early" if run.stopped else "finished"
+            keep_best_only(cli)
         except Exception:  # noqa: BLE001  (like `wandb agent`: record the failure, go on with the next run)
             traceback.print_exc()
             run.state, local.state = RunState.failed, "failed"
@@ -206,8 +226,9 @@ def report(sweep: dict[str, Any], done: list[LocalRun], root: Path) -> None:
     print("\n" + summary_table(sweep, done))
     if best is not None:
         print(f"\nbest: {best.run.name} ({metric} = {best.best(goal):.2f})")
-        print("  " + shlex.join(["sentemb", *best.argv]))
+        print("  " + shlex.join(["sentemb", *without_repeated_keys(best.argv)]))
         print(f"  full config: {best.log_dir}/config.yaml")
+    print(disk_usage_line(root, "best.ckpt of each finished run; last.ckpt removed"))
     summary = {
         "metric": metric, "goal": goal, "best": best.run.name if best else None,
         "runs": [

@@ -184,6 +184,17 @@ def test_truncated_or_random_checkpoint_is_one_line_naming_the_file(tmp_path, ca
         assert f"checkpoint {broken} is not a readable PyTorch checkpoint" in line
 
 
+@pytest.mark.parametrize("subcommand", ["test", "fit"])
+def test_truncated_ckpt_path_file_is_one_line(subcommand, tiny_bert, sts_fixture, tmp_path, capsys):
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1000)}}, whole)
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(whole.read_bytes()[:2000])
+    _, *args = fit_args(tiny_bert, sts_fixture, tmp_path / "run", "--ckpt_path", str(truncated))
+    line = error_line(capsys, subcommand, *args)
+    assert f"checkpoint {truncated} is not a readable PyTorch checkpoint" in line
+
+
 # ----- evaluate keeps results ----------------------------------------------------------------
 def test_evaluate_checks_the_output_path_before_loading_anything(tmp_path, capsys):
     blocker = tmp_path / "a-file"
@@ -192,12 +203,60 @@ def test_evaluate_checks_the_output_path_before_loading_anything(tmp_path, capsy
     assert f"--output {blocker / 'scores.json'}: cannot write there" in line
 
 
-def test_evaluate_keeps_finished_results_when_a_later_evaluator_fails(tiny_bert, sts_fixture, tmp_path, capsys):
+def test_evaluate_checks_every_task_s_data_before_loading_a_model(tiny_bert, sts_fixture, tmp_path, capsys):
     output = tmp_path / "scores.json"
-    line = error_line(capsys, "evaluate", "--model", tiny_bert, "--tasks", "sts,transfer", "--data-dir",
+    line = error_line(capsys, "evaluate", "--model", "pkg:not_installed", "--tasks", "sts,transfer", "--data-dir",
                       str(sts_fixture), "--output", str(output))
     assert "SentEval transfer file not found" in line and "sentemb data download" in line
-    assert list(json.loads(output.read_text())) == ["sts"]
+    assert not output.exists()
+
+
+def test_capped_evaluate_prints_its_plan_and_keeps_finished_tasks_when_interrupted(
+    tiny_bert, shared_data, tmp_path, capsys, monkeypatch
+):
+    """On the mirror, each task capped at 60 examples; a Ctrl-C during the third transfer task leaves
+    results.json with STS and the two transfer tasks that finished, and one line."""
+    from lightning_sentemb.evaluation import transfer
+
+    evaluate_splits = transfer.evaluate_transfer_splits
+
+    def interrupted_at_subj(encode, name, splits, **kwargs):
+        if name == "SUBJ":
+            raise KeyboardInterrupt
+        return evaluate_splits(encode, name, splits, **kwargs)
+
+    monkeypatch.setattr(transfer, "evaluate_transfer_splits", interrupted_at_subj)
+    output = tmp_path / "report"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", "--model", tiny_bert, "--name", "tiny", "--tasks", "sts,transfer", "--data-dir",
+              str(shared_data), "--max-examples", "60", "--output", str(output)])
+    assert exit_info.value.code == 130
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert captured.err.strip().splitlines()[-1] == (
+        f"sentemb evaluate: interrupted; {output / 'results.json'} keeps the finished tasks (tiny: sts, "
+        "transfer/MR, transfer/CR)")
+    plan = captured.out.splitlines()
+    assert plan[0] == "plan: sts, transfer, each task capped at 60 examples (--max-examples)"
+    assert plan[1].split()[:3] == ["sts", "7", "task(s),"] and plan[2].split()[:3] == ["transfer", "7", "task(s),"]
+    assert captured.out.count("estimate: ") == 1
+    results = json.loads((output / "results.json").read_text())
+    assert list(results) == ["max_examples", "sts", "transfer"] and results["max_examples"] == 60
+    assert list(results["transfer"]) == ["MR", "CR"]
+    assert all(r["n_test"] + r.get("n_train", 0) <= 2 * 60 + 2 * 20 for r in results["transfer"].values())
+
+
+def test_capped_tasks_keep_their_classes_and_order():
+    from lightning_sentemb.data.transfer import LabelledSentences
+    from lightning_sentemb.evaluation.suite import capped
+
+    labels = np.array([0] * 900 + [1] * 90 + [2] * 10)
+    data = LabelledSentences([f"s{i}" for i in range(1000)], labels)
+    small = capped(data, 100, min_per_class=20)
+    assert np.bincount(small.labels).tolist() == [90, 20, 10]  # in proportion, at least 20 (or all) per class
+    assert small.sentences == sorted(small.sentences, key=lambda s: int(s[1:]))  # drawn, not reordered
+    assert all(data.labels[int(s[1:])] == y for s, y in zip(small.sentences, small.labels))
+    assert capped(data, 1000) is data and capped(data, None) is data
 
 
 def test_evaluators_label_their_encode_passes(sts_fixture, tmp_path):
@@ -262,3 +321,24 @@ def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     assert bar._get_train_description(0).strip() == "Epoch 0"
     trainer.max_epochs = 3
     assert bar._get_train_description(1).strip() == "Epoch 1/2"
+
+
+def test_a_fit_logged_to_a_file_prints_plain_progress_lines_as_it_goes(tiny_bert, sts_fixture, tmp_path):
+    """stdout to a file (nohup, SLURM): plain lines every 10 log steps (here 10 steps) and after each
+    validation, before the end of the fit, and no Rich bar."""
+    log = tmp_path / "fit.log"
+    args = [*fit_args(tiny_bert, sts_fixture, tmp_path / "run", "--trainer.max_steps", "12", "--trainer.log_every_n_steps",
+                      "1", "--trainer.val_check_interval", "6", "--data.val_tasks", "[STSBenchmark-dev]",
+                      "--trainer.enable_model_summary", "false")]
+    with log.open("w") as file:
+        done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], stdout=file, stderr=subprocess.STDOUT,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}, timeout=300)
+    lines = log.read_text().splitlines()
+    assert done.returncode == 0, lines[-20:]
+    end = next(i for i, line in enumerate(lines) if line.startswith("fit done: 12 steps."))
+    progress = [line for line in lines[:end] if line.startswith(("step ", "validation at step "))]
+    assert [line.split(" · ")[0] for line in progress] == [
+        "validation at step 6: STS-B dev " + progress[0].rsplit(" ", 1)[-1], "step 10/12",
+        "validation at step 12: STS-B dev " + progress[2].rsplit(" ", 1)[-1], "step 12/12"]
+    assert "loss " in progress[1] and "sentences/s" in progress[1] and "ETA " in progress[1]
+    assert "━" not in log.read_text()  # no Rich bar

@@ -179,6 +179,30 @@ def test_fit_shorter_than_the_validation_interval_leaves_checkpoints_and_metrics
     assert "val/STSBenchmark-dev" in metrics
 
 
+def test_best_checkpoint_is_lean_and_serves_test_evaluate_and_export(tiny_bert, sts_fixture, tmp_path, capsys):
+    """best.ckpt leaves out the optimizer state (AdamW's two moments per weight): under half of last.ckpt
+    for a full fine-tune; what test, evaluate, export and the model card read is in it; a fit cannot
+    resume from it."""
+    from lightning_sentemb.cli import main
+
+    args = short_fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "3")
+    lightning_main(["fit", *args])
+    best, last = tmp_path / "checkpoints" / "best.ckpt", tmp_path / "checkpoints" / "last.ckpt"
+    assert best.stat().st_size < last.stat().st_size / 2
+    lean, full = torch.load(best, weights_only=False), torch.load(last, weights_only=False)
+    assert "optimizer_states" not in lean and "lr_schedulers" not in lean and "optimizer_states" in full
+    assert lean["state_dict"].keys() == full["state_dict"].keys() and "callbacks" in lean
+
+    cli = lightning_main(["test", *args, "--ckpt_path", "best"])
+    assert cli.trainer.ckpt_path == str(best) and set(cli.model.test_results) >= {"STSBenchmark", "avg"}
+    main(["evaluate", "--model", str(best), "--data-dir", str(sts_fixture), "--output", str(tmp_path / "scores.json")])
+    main(["export", str(best), str(tmp_path / "export")])
+    assert "STS-B dev (Spearman ×100), the score this checkpoint was selected by" in (tmp_path / "export" / "README.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SentEmbUserError, match=r"without the optimizer state .* --ckpt_path last"):
+        lightning_main(["fit", *args, "--ckpt_path", str(best)])
+
+
 class LastCheckpointSteps(Callback):
     """{global step: step held by last.ckpt} before each training step (all saves of the previous
     step done)."""

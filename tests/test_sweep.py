@@ -89,6 +89,15 @@ def test_swept_args_are_flags_the_cli_accepts(path, corner, capsys):
         assert lookup(config, key) == pytest.approx(value), key
 
 
+def test_the_best_command_gives_each_key_once_with_the_value_that_wins():
+    from lightning_sentemb.sweep import without_repeated_keys
+
+    argv = ["fit", "-c", "a.yaml", "--trainer.max_steps=30", "--model.init_args.lr=0.001", "-c", "b.yaml",
+            "--trainer.max_steps", "10", "--model.lr=0.002", "--overwrite", "true"]
+    assert without_repeated_keys(argv) == ["fit", "-c", "a.yaml", "-c", "b.yaml", "--trainer.max_steps", "10",
+                                           "--model.lr=0.002", "--overwrite", "true"]
+
+
 def test_fit_arguments_keep_overrides_last_and_refuse_swept_ones():
     sweep = load_sweep(REPO / "experiments" / "sweeps" / "demo.yaml")
     argv = fit_arguments(sweep, {"model.init_args.lr": 1e-5, "data.batch_size": 32}, ["--trainer.max_steps=3"])

@@ -1,6 +1,7 @@
 """What makes every fit leave a usable, resumable result.
 
-- `SentEmbCheckpoint`: `best.ckpt` (best by STS-B dev, Lightning's `ModelCheckpoint`) and `last.ckpt`
+- `SentEmbCheckpoint`: `best.ckpt` (best by STS-B dev, Lightning's `ModelCheckpoint`; lean: no
+  optimizer state, what evaluation, test and export read) and `last.ckpt`
   (the latest state: every validation, every `every_n_train_steps` steps, the end of fit, and an
   interruption by SIGTERM, SLURM's pre-emption signal or Ctrl-C), plus a validation after the last
   step when that step was not a validation step.
@@ -21,7 +22,8 @@ from __future__ import annotations
 import math
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +45,34 @@ __all__ = ["AtomicCheckpointIO", "GuardedCheckpoint", "SentEmbCheckpoint", "Trai
 LAST_NAME = "last"
 
 
+# What only a resume reads: the optimizer's moments (twice the trainable weights under AdamW) and the
+# schedule. A lean checkpoint (best.ckpt) leaves them out; evaluation, export and test need neither.
+RESUME_ONLY = ("optimizer_states", "lr_schedulers")
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """`torch.save` into a temporary file beside the target, then one rename: a kill at any moment
     leaves the previous checkpoint or none (Lightning's own writer stages in `$TMPDIR`, which may be
-    another filesystem, where the final move is a copy that a kill can cut short)."""
+    another filesystem, where the final move is a copy that a kill can cut short). Inside `lean()`,
+    what only a resume needs (`RESUME_ONLY`) is left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._left_out: tuple[str, ...] = ()
+
+    @contextmanager
+    def lean(self) -> Iterator[None]:
+        self._left_out = RESUME_ONLY
+        try:
+            yield
+        finally:
+            self._left_out = ()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options; got {storage_options!r}")
-        atomic_write(path, lambda file: torch.save(checkpoint, file))
+        kept = {key: value for key, value in checkpoint.items() if key not in self._left_out}
+        atomic_write(path, lambda file: torch.save(kept, file))
 
 
 def _finite_weights(module: LightningModule) -> bool:
@@ -120,6 +141,13 @@ class SentEmbCheckpoint(GuardedCheckpoint):
     @property
     def last_path(self) -> Path:
         return Path(self.dirpath) / f"{LAST_NAME}{self.FILE_EXTENSION}"
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        """`best.ckpt` lean: weights, hyper-parameters, step and this selection, without the optimizer
+        state (a third of a full fine-tune's file); a resume reads `last.ckpt`."""
+        checkpoint_io = trainer.strategy.checkpoint_io
+        with checkpoint_io.lean() if isinstance(checkpoint_io, AtomicCheckpointIO) else nullcontext():
+            super()._save_checkpoint(trainer, filepath)
 
     def write_last(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Write `last.ckpt` (once per step) unless the weights are not finite."""

@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 from datasets import Dataset, Features, List, Value
 from lightning.pytorch.utilities import rank_zero_info
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..atomic_io import atomic_write
+from ..console import progress_bar
 from ..errors import SentEmbUserError
 from .paths import default_cache_dir, require_file
 
@@ -280,7 +280,7 @@ def _write_arrow(file: IO[bytes], reader: CorpusReader, tokenize: ChunkTokenizer
     """The Arrow stream `Dataset.from_file` opens, one record batch per chunk, with progress in lines/s."""
     writer = schema = None
     start = time.perf_counter()
-    with tqdm(total=reader.size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"tokenize {reader.path.name}",
+    with progress_bar(total=reader.size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"tokenize {reader.path.name}",
               leave=False) as progress:
         for columns in tokenized_chunks(reader, tokenize, workers):
             if writer is None:

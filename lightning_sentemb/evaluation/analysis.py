@@ -36,6 +36,7 @@ from lightning_sentemb.evaluation.metrics import (
 from lightning_sentemb.evaluation.report import safe_filename, save_figure
 
 SCORE_BUCKET_EDGES: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
+FREQUENT_KS = (0, 5, 10, 15, 20)  # ConPVP Fig. 5: STS without the k most frequent tokens
 TSNE_GROUPS: tuple[float, ...] = (0.0, 3.0, 5.0)
 TSNE_COLORS: tuple[str, ...] = ("tab:orange", "tab:blue", "tab:green", "tab:red", "tab:purple", "tab:brown")
 TOKEN_PATTERN = re.compile(r"\w+|[^\w\s]")
@@ -235,7 +236,7 @@ def frequent_token_removal(
     encode_pass: Callable[[int], Encode],
     sts_score: Callable[[Encode], float],
     corpus: Sequence[str],
-    ks: Sequence[int] = (0, 5, 10, 15, 20),
+    ks: Sequence[int] = FREQUENT_KS,
 ) -> dict:
     """``sts_score`` of text without the k most frequent tokens of ``corpus``, per k, encoded by
     ``encode_pass(k)`` (one encoder per pass, so a caller can name the pass on its progress bar).

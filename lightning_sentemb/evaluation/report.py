@@ -434,6 +434,10 @@ def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[s
     out_dir = Path(out_dir)
     written: dict[str, Path] = {}
     lines = ["# Evaluation report", "", f"Models: {', '.join(results)}.", ""]
+    capped = sorted({r["max_examples"] for r in results.values() if r.get("max_examples")})
+    if capped:
+        lines += [f"**A quick look**: every task capped at {', '.join(map(str, capped))} examples drawn at random "
+                  "(`--max-examples`); these are not the papers' numbers.", ""]
     lines += _sts_section(results)
     lines += _transfer_section(results, out_dir, written)
     lines += _clustering_section(results)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..atomic_io import atomic_directory
 from ..errors import SentEmbUserError
-from .model_card import RunFacts, model_card
+from .model_card import RunFacts, is_ours, model_card
 from .plain import write_json, write_plain_export, write_pooling_modules
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ def export(
     merged into the backbone, or with `adapter_only` written as peft's adapter folder (the base model
     named, not copied)."""
     out_dir = check_export_folder(out_dir)
+    check_exportable(type(method))
     with atomic_directory(out_dir) as staging:
         method.write_export(staging, adapter_only)
         if method.hparams.get("matryoshka_dims"):
@@ -68,3 +69,31 @@ def export(
                        {"similarity_fn_name": "cosine", "matryoshka_dims": list(method.hparams.matryoshka_dims)})
         (staging / "README.md").write_text(model_card(method, staging, out_dir.name, facts, results))
     return out_dir
+
+
+# What decides a method's embedding at inference: an export written for another class reproduces a
+# subclass's `encode` only when the subclass changes none of them.
+EMBEDDING_HOOKS = ("build_encoder", "embed", "project", "encode", "encode_batch", "embed_features",
+                   "sentence_features", "features_from_ids", "eval_mlp", "output_size")
+
+
+def check_exportable(cls: type) -> None:
+    """A method defined outside the package that changes how sentences are embedded (one of
+    `EMBEDDING_HOOKS`) below the class whose `write_export` it inherits would be exported as that
+    class's embedding: refused in one line (an override of `write_export`, even one calling the
+    base's, vouches for the folder). A
+    method that changes only its training (`collate`, `embedding_loss`) exports as its base does,
+    with sentence-transformers' and lightning_sentemb's modules only (its own module is not needed)."""
+    writer = _defining_class(cls, "write_export")
+    below = [c for c in cls.__mro__[: cls.__mro__.index(writer)] if not is_ours(c)]  # ours: export tested
+    changed = [hook for hook in EMBEDDING_HOOKS if _defining_class(cls, hook) in below]
+    if changed:
+        raise SentEmbUserError(
+            f"cannot export {cls.__qualname__}: it overrides {', '.join(changed)} (its embedding) and inherits "
+            f"write_export from {writer.__name__}, which writes the embedding of lightning_sentemb's own methods; "
+            "override write_export(folder, adapter_only) so that the folder reproduces its encode (docs/extending.md)"
+        )
+
+
+def _defining_class(cls: type, name: str) -> type:
+    return next(c for c in cls.__mro__ if name in vars(c))

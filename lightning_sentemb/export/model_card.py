@@ -150,6 +150,11 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
         raise SentEmbUserError(f"--results {path}: not a results file of `sentemb evaluate --output` ({error})") from error
     if not isinstance(results, dict) or not results:
         raise SentEmbUserError(f"--results {file}: holds no results")
+    capped = results.get("max_examples") or next((r.get("max_examples") for r in results.values() if isinstance(r, dict)
+                                                  and r.get("max_examples")), None)
+    if capped:
+        raise SentEmbUserError(f"--results {file}: scores of a quick look capped at {capped} examples per task "
+                               "(--max-examples), not for a model card; evaluate without --max-examples")
     if not {"sts", "transfer", "clustering"} & set(results):  # several models: {label: results}
         full = {label: r for label, r in results.items() if "dim" not in r}
         if len(full) != 1:
@@ -161,14 +166,15 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def model_card(
-    method: SentEmbMethod, folder: Path, title: str, facts: RunFacts | None = None,
+    method: SentEmbMethod, folder: Path, load_name: str, facts: RunFacts | None = None,
     results: dict[str, Any] | None = None,
 ) -> str:
-    """The model card of the export written in `folder` (its modules.json says how it loads), named
-    `title` (the export folder's name)."""
+    """The model card of the export written in `folder` (its modules.json says how it loads), loaded as
+    `load_name` (the export folder's name) and titled after the method and its backbone."""
     facts = facts or RunFacts()
     name = type(method).__name__
     papers = _papers(type(method), method.encoder.family.causal)
+    title = f"{name} on {backbone_name(method.hparams.backbone)}"
     index = _model_index(title, facts, results or {})
     front = {
         "library_name": "sentence-transformers",
@@ -184,7 +190,8 @@ def model_card(
         f"# {title}", "",
         f"A sentence-embedding model trained with **{name}** by lightning_sentemb on `{method.hparams.backbone}`.", "",
         "## Method", "",
-        *(f"- {papers[p].title}: {papers[p].url}" for p in papers), "",
+        *(f"- {papers[p].title}: {papers[p].url}" for p in papers),
+        *([] if papers else [_custom_method_line(type(method))]), "",
         "## The embedding", "",
         *_embedding_lines(method), "",
         "## Training", "",
@@ -198,7 +205,7 @@ def model_card(
         "```python",
         "from sentence_transformers import SentenceTransformer",
         "",
-        f'model = SentenceTransformer("{title}"{", trust_remote_code=True" if _needs_our_code(folder) else ""})',
+        f'model = SentenceTransformer("{load_name}"{", trust_remote_code=True" if _needs_our_code(folder) else ""})',
         'embeddings = model.encode(["A man is playing a guitar.", "Someone plays an instrument."])',
         "print(model.similarity(embeddings, embeddings))",
         "```", "",
@@ -206,15 +213,35 @@ def model_card(
            "`trust_remote_code=True` lets sentence-transformers import it.", ""] if _needs_our_code(folder) else []),
         "`transformers.AutoModel.from_pretrained` loads the backbone alone"
         + (" (without the template, prompt or prefix)." if _needs_our_code(folder) else "."), "",
-        "## Citation", "",
+        *(["## Citation", ""] if papers else []),
         *(block for p in papers for block in ("```bibtex", papers[p].bibtex, "```", "")),
     ]
     return "\n".join(lines)
 
 
+def backbone_name(backbone: str) -> str:
+    """The backbone as a title names it: a hub id or `pkg:` name as given, a folder by its name."""
+    return backbone if is_hub_id(backbone) or backbone.startswith("pkg:") else Path(backbone).name
+
+
+def is_ours(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "lightning_sentemb"
+
+
+def _custom_method_line(cls: type) -> str:
+    """A method defined outside lightning_sentemb: named, with the method it builds on; it implements no
+    paper this package knows, so the card cites none."""
+    base = next(c for c in cls.__mro__ if is_ours(c))
+    return (f"- `{cls.__module__}.{cls.__qualname__}`, a method defined outside lightning_sentemb on its "
+            f"`{base.__name__}`; no paper is cited for it.")
+
+
 def _papers(cls: type, causal: bool) -> dict[str, Paper]:
     """The papers of every method class `cls` builds on (ClusterNSPrompt: ClusterNS and PromptBERT);
-    a template method on a causal decoder adds PromptEOL, whose readout it uses."""
+    a template method on a causal decoder adds PromptEOL, whose readout it uses. A class defined
+    outside the package (a subclass of SimCSE with its own loss) is not the paper: none."""
+    if not is_ours(cls):
+        return {}
     names = [c.__name__ for c in cls.__mro__]
     found = {name: PAPERS[name] for name in names if name in PAPERS}
     if causal and "PromptMethod" in names:  # PromptBERT, ConPVP, ClusterNSPrompt

@@ -26,11 +26,11 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 from transformers.utils import cached_file
 
 from ..backbones import UnsupportedBackbone, family_of, with_dropout
+from ..console import progress_bar
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..encoders.lora import LoraSettings, add_lora, peft_base_reference
@@ -486,7 +486,7 @@ class SentEmbMethod(LightningModule):
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
         out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
         with self.eval_autocast():
-            for start in tqdm(range(0, len(sentences), batch_size), desc=label, disable=not show):
+            for start in progress_bar(range(0, len(sentences), batch_size), desc=label, disable=not show):
                 rows = order[start : start + batch_size]
                 features = self.features_from_ids([sentence_ids[i] for i in rows])
                 out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()
