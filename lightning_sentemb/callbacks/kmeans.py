@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from lightning_sentemb.losses.info_nce import cosine_matrix
 from lightning_sentemb.distributed import at_decision_step
+from lightning_sentemb.precision import exact_fp32
 
 __all__ = [
     "Assignment",
@@ -135,7 +136,8 @@ def update_centroids(
         raise ValueError(f"rule must be 'mean' or 'sum', got {rule!r}")
     k = centroids.shape[0]
     members = (assignment[:, None] == torch.arange(k, device=assignment.device)).to(centroids.dtype)
-    sums = members.T @ embeddings.detach().to(centroids.dtype)  # (K, H)
+    with exact_fp32(centroids.device.type):  # the centroids' dtype (fp32) even under autocast
+        sums = members.T @ embeddings.detach().to(centroids.dtype)  # (K, H)
     counts = members.sum(dim=0)[:, None]  # (K, 1)
     target = sums / counts.clamp(min=1) if rule == "mean" else sums
     return centroids.lerp_(target, gamma * (counts > 0).to(centroids.dtype))
