@@ -28,3 +28,15 @@ def exact_fp32(device_type: str) -> Iterator[None]:
     finally:
         if previous != "highest":
             torch.set_float32_matmul_precision(previous)
+
+
+def use_tf32(enabled: bool) -> None:
+    """TF32 for float32 matrix products on CUDA GPUs (Ampere and later: about 8x the fp32 throughput of the
+    tensor cores, 10 mantissa bits) or not; the top-level `tf32` option of `sentemb fit` (default on).
+
+    It matters where something runs in fp32: `trainer.precision: 32`, and the fp32 heads and optimizer of
+    mixed precision (bf16 autocast already runs the backbone's products in bf16). Without CUDA nothing is
+    changed: the same setting would also let oneDNN use TF32 on CPUs that have it. Set through
+    `torch.set_float32_matmul_precision`, the setting Lightning reads (and warns about when left at "highest")."""
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision("high" if enabled else "highest")
