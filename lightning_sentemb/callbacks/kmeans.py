@@ -43,6 +43,7 @@ __all__ = [
     "initial_centroids",
     "random_assign",
     "should_initialize",
+    "spherical_kmeans",
     "update_centroids",
 ]
 
@@ -159,29 +160,36 @@ def should_initialize(embeddings: Tensor, sigma: float) -> Tensor:
     return off_diagonal <= sigma
 
 
+def spherical_kmeans(embeddings: Tensor, k: int, seed: int = 0, niter: int = 20) -> tuple[Tensor, Tensor]:
+    """Spherical (cosine) K-means on the embeddings' device, in torch: `k` distinct rows drawn with `seed`
+    start as the centroids (as faiss's `Kmeans`), then `niter` rounds of Lloyd's algorithm: each row to its
+    most similar centroid, each centroid to the normalized mean of its members (a cluster left empty keeps
+    its centroid). Similarities in fp32 (`cosine_matrix`); deterministic, no host sync.
+
+    Returns the unit-norm centroids (K, H) and each row's cluster id (N,) under them.
+    """
+    if k > embeddings.shape[0]:
+        raise ValueError(f"K={k} is larger than the number of embeddings ({embeddings.shape[0]}).")
+    x = F.normalize(embeddings.detach().float(), dim=-1)
+    first = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:k]
+    centroids = x.index_select(0, first.to(x.device))
+    for _ in range(niter):
+        update_centroids(centroids, x, cosine_matrix(x, centroids).argmax(dim=1), gamma=1.0)
+        centroids = F.normalize(centroids, dim=-1)
+    return centroids, cosine_matrix(x, centroids).argmax(dim=1)
+
+
 def global_initial_centroids(embeddings: Tensor, k: int, seed: int = 0, niter: int = 20) -> Tensor:
     """Global initialization (Appendix E.2; the paper found it no better, 77.81 vs 77.98):
-    spherical (cosine) K-means with faiss over the embeddings of the whole training set, on GPU
-    when faiss has one.
+    spherical K-means (`spherical_kmeans`, on the embeddings' device) over the embeddings of a sample of
+    the training set.
 
     Returns the raw (unnormalized) mean of each cluster's members, i.e. the same space as the
     batch initialization and Eq. 7 means, so the momentum updates mix like with like; a cluster
-    left empty keeps faiss's unit-norm centroid. Result is on the device/dtype of `embeddings`.
+    left empty keeps its unit-norm K-means centroid. Result is on the device/dtype of `embeddings`.
     """
-    import faiss
-
-    x = embeddings.detach().float().cpu()
-    if k > x.shape[0]:
-        raise ValueError(f"K={k} is larger than the number of embeddings ({x.shape[0]}).")
-    unit = F.normalize(x, dim=-1).numpy()
-    kmeans = faiss.Kmeans(
-        unit.shape[1], k, niter=niter, seed=seed, spherical=True, gpu=faiss.get_num_gpus() > 0
-    )
-    kmeans.train(unit)
-    _, labels = kmeans.index.search(unit, 1)
-    centroids = torch.from_numpy(kmeans.centroids).clone()
-    update_centroids(centroids, x, torch.from_numpy(labels[:, 0]).long(), gamma=1.0, rule="mean")
-    return centroids.to(device=embeddings.device, dtype=embeddings.dtype)
+    centroids, labels = spherical_kmeans(embeddings, k, seed, niter)
+    return update_centroids(centroids, embeddings.float(), labels, gamma=1.0).to(dtype=embeddings.dtype)
 
 
 class CentroidState(nn.Module):
