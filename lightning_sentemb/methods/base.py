@@ -257,8 +257,8 @@ class SentEmbMethod(LightningModule):
     def on_fit_start(self) -> None:
         """Log how much trains. Under DDP, no broadcast of the buffers before every forward, a
         collective per step for nothing: every rank holds the same buffers by construction (the
-        backbone's constant position ids; ClusterNS's centroids, computed identically from the
-        all-gathered batch)."""
+        backbone's constant position ids; ClusterNS's centroids, updated from the all-gathered batch
+        and re-broadcast from rank 0 by its K-means callback at log steps)."""
         rank_zero_info(f"{type(self).__name__}: {self.trainable_summary()}")
         model = self.trainer.strategy.model
         if isinstance(model, DistributedDataParallel):

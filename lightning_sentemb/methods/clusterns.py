@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from ..callbacks.kmeans import CentroidState, KMeansCallback, UpdateRule, global_initial_centroids
-from ..distributed import gather_with_grad, local_labels
+from ..distributed import broadcast_from_rank_zero, gather_with_grad, local_labels
 from ..errors import SentEmbUserError
 from ..losses.clusterns import BMLReduction, ClusterNSLoss, FalseNegatives, HardNegatives
 from .dcpcse import DCPCSE
@@ -44,9 +44,8 @@ class ClusteringObjective:
     criterion holds the loss is the plain InfoNCE; afterwards the loss adds the hard negatives and
     the BML. The callback updates the centroids after the optimizer step, so step t's loss sees the
     centroids updated through step t-1 (the reference updates first: one γ-weighted update of lag).
-    The criterion is decided on the device; until the host has read that clustering started
-    (`CentroidState`), both losses are computed and the device flag picks one, so no step waits on
-    a read-back.
+    The callback reads the σ decision on the host every step until clustering starts (under DDP rank
+    0's, broadcast: every rank switches losses at the same step); afterwards nothing is read back.
 
     Args:
         num_clusters: K. Without global initialization it must not exceed the global batch (the
@@ -122,15 +121,15 @@ class ClusteringObjective:
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
         state = self.cluster_state
-        clusters = state.assign(all_anchors, self.global_step)
-        self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, clusters.nearest
-        loss, stats = self.loss_fn(
-            anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest
-        )
-        if not state.is_initialized:  # perhaps started on the device: both losses, the flag picks
-            plain, plain_stats = self.loss_fn(anchors, positives, labels)
-            loss = torch.where(state.initialized, loss, plain)
-            stats = {name: torch.where(state.initialized, stats[name], value) for name, value in plain_stats.items()}
+        self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, None
+        if not state.is_initialized:  # plain InfoNCE (Eq. 1) until the σ criterion starts clustering
+            loss, stats = self.loss_fn(anchors, positives, labels)
+        else:
+            clusters = state.assign(all_anchors, self.global_step)
+            self.last_cluster_assignment = clusters.nearest
+            loss, stats = self.loss_fn(
+                anchors, positives, labels, state.centroids, clusters.nearest, clusters.second_nearest
+            )
         stats["cluster/initialized"] = state.initialized.float()
         return loss, stats
 
@@ -160,7 +159,7 @@ class ClusteringObjective:
         view is computed and dropped (twice the cost of one view, once per run).
         """
         trainer = self.trainer
-        centroids = None
+        centroids = torch.empty_like(self.cluster_state.centroids)  # rank 0's, once broadcast
         if trainer.is_global_zero:
             dataset = trainer.train_dataloader.dataset
             generator = torch.Generator().manual_seed(self.hparams.cluster_seed)
@@ -172,10 +171,9 @@ class ClusteringObjective:
                     batch = self.collate([dataset[i] for i in order[start : start + size]])
                     features = {k: v.to(self.device) for k, v in batch["features"].items()}
                     chunks.append(self.embed(features).unflatten(0, (batch["num_views"], -1))[0].float())
-            # On CPU for the broadcast: a pickled CUDA tensor would land on rank 0's GPU on every rank.
-            centroids = global_initial_centroids(torch.cat(chunks), self.cluster_state.k, self.hparams.cluster_seed).cpu()
+            centroids = global_initial_centroids(torch.cat(chunks), self.cluster_state.k, self.hparams.cluster_seed)
             rank_zero_info(f"ClusterNS: centroids initialized by global K-means over {len(order)} training examples")
-        self.cluster_state.initialize_(trainer.strategy.broadcast(centroids, src=0))
+        self.cluster_state.initialize_(broadcast_from_rank_zero(centroids))
 
 
 class ClusterNS(ClusteringObjective, SimCSE):
