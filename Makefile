@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 METHOD ?= simcse
-# Extras installed by `make install`: CI and development take dev+sweep; docker/Dockerfile takes gpu+sweep.
+# Extras installed by `make install`: CI and development take dev+sweep; docker/Dockerfile takes qlora+sweep.
 EXTRAS ?= dev,sweep
 IMAGE ?= lightning-sentemb
 STAMP := $(VENV)/.installed

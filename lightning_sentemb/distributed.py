@@ -1,5 +1,5 @@
-"""All-gather that keeps gradients, so in-batch negatives are the global batch under DDP; when the
-host may read the device."""
+"""All-gather that keeps gradients, so in-batch negatives are the global batch under DDP; rank 0's
+state on every rank; when the host may read the device."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ def local_labels(local_batch: int, device: torch.device) -> Tensor:
     """Column of each local anchor's positive inside the gathered global batch."""
     rank, _ = world()
     return torch.arange(local_batch, device=device) + rank * local_batch
+
+
+def broadcast_from_rank_zero(tensor: Tensor) -> Tensor:
+    """`tensor` overwritten in place with rank 0's (a no-op outside a process group); returns it. A
+    tensor collective on the tensor's own device, not Lightning's pickling `strategy.broadcast`."""
+    _, size = world()
+    if size > 1:
+        dist.broadcast(tensor, src=0)
+    return tensor
 
 
 def at_decision_step(trainer: Any) -> bool:

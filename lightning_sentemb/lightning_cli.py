@@ -26,6 +26,7 @@ from .errors import SentEmbUserError
 from .loading import SAFE_GLOBALS, read_checkpoint
 from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod
+from .precision import use_tf32
 from .user_code import add_user_folders
 
 SELECTION_METRIC = "val/STSBenchmark-dev"
@@ -83,6 +84,8 @@ class SentEmbCLI(LightningCLI):
         parser.set_defaults({"checkpoint.monitor": SELECTION_METRIC, "checkpoint.mode": "max", "checkpoint.filename": "best"})
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: delete the checkpoints of an earlier run in this root dir first")
+        parser.add_argument("--tf32", type=bool, default=True,
+                            help="TF32 for float32 matrix products on CUDA GPUs (no effect without CUDA)")
         parser.link_arguments(
             "trainer.default_root_dir", "checkpoint.dirpath", compute_fn=lambda root: os.path.join(root or ".", "checkpoints")
         )
@@ -101,6 +104,7 @@ class SentEmbCLI(LightningCLI):
         fit continues its CSV version and W&B run), our progress bar and model summary when the
         config names none."""
         config = self._get(self.config_init, "trainer", default={})
+        use_tf32(self._get(self.config_init, "tf32"))  # before the Trainer checks the device's matmul precision
         self._resolve_last()
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]

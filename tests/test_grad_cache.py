@@ -143,12 +143,13 @@ class RecordGradients(Callback):
         self.grads.append({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.requires_grad})
 
 
-def fit_steps(method: SentEmbMethod, examples_: list, steps: int, **trainer_args) -> RecordGradients:
+def fit_steps(method: SentEmbMethod, examples_: list, steps: int, callbacks: tuple = (),
+              **trainer_args) -> RecordGradients:
     record = RecordGradients()
     loader = DataLoader(examples_, batch_size=4, collate_fn=method.collate)
     trainer = Trainer(max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-                      callbacks=[record], **trainer_args)
+                      callbacks=[record, *callbacks], **trainer_args)
     trainer.fit(method, loader)
     return record
 
@@ -170,11 +171,42 @@ def test_trainer_step_matches_automatic_optimization(tiny_bert: str) -> None:
         assert relative_error(g, w) < 1e-5  # step 2 starts from step 1's AdamW update
 
 
-@pytest.mark.parametrize("option", [{"gradient_clip_val": 1.0}, {"accumulate_grad_batches": 2}])
-def test_unsupported_trainer_options_are_refused(option: dict, tiny_bert: str) -> None:
+class RecordSteppedGradients(Callback):
+    """The gradients the optimizer stepped with (clipped), read after the step: neither optimization
+    zeroes them before the next batch."""
+
+    def __init__(self) -> None:
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.grads.append({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.requires_grad})
+
+
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_trainer_gradient_clipping_applies_under_caching(algorithm: str, tiny_bert: str) -> None:
+    """`trainer.gradient_clip_val` under caching clips as automatic optimization does: the same clipped
+    gradients at every step; and the clipping is active (the unclipped gradients differ)."""
+    runs = {}
+    for chunk in (0, CHUNK):
+        method = build("simcse", tiny_bert, dtype=torch.float64)  # exact to 1e-5 (see the module)
+        method.hparams.update(lr=1e-3, grad_cache_chunk=chunk)
+        stepped = RecordSteppedGradients()
+        unclipped = fit_steps(method, examples(method), steps=2, gradient_clip_val=1e-5,
+                              gradient_clip_algorithm=algorithm, callbacks=[stepped])
+        runs[chunk] = stepped.grads, unclipped.grads
+    (want, want_unclipped), (got, got_unclipped) = runs[0], runs[CHUNK]
+    assert len(got) == len(want) == 2
+    for g, w, raw in zip(got, want, want_unclipped, strict=True):
+        assert relative_error(g, w) < 1e-5
+        assert relative_error(raw, w) > 0.1  # clipped well below the raw gradient
+    for g, w in zip(got_unclipped, want_unclipped, strict=True):
+        assert relative_error(g, w) < 1e-5
+
+
+def test_gradient_accumulation_is_refused_under_caching(tiny_bert: str) -> None:
     method = SimCSE(tiny_bert, grad_cache_chunk=CHUNK)
     with pytest.raises(SentEmbUserError, match="grad_cache_chunk"):
-        fit_steps(method, examples(method), steps=1, **option)
+        fit_steps(method, examples(method), steps=1, accumulate_grad_batches=2)
 
 
 class SaveRankZeroGradients(RecordGradients):

@@ -21,6 +21,7 @@ from lightning_sentemb.callbacks.kmeans import (
     initial_centroids,
     random_assign,
     should_initialize,
+    spherical_kmeans,
     update_centroids,
 )
 
@@ -171,25 +172,6 @@ def test_state_random_clusters_follow_the_step():
     assert not torch.equal(first.nearest, state.assign(EMBEDDINGS, step=5).nearest)
 
 
-@pytest.mark.parametrize("sigma", [1.0, -1.0], ids=["criterion holds", "criterion fails"])
-def test_advance_before_the_host_knows_equals_the_host_branches(sigma):
-    """`advance_` on a state whose host view lags (the σ decision made on the device): the same
-    centroids and counters as the host-side branches, step after step."""
-    batches = [torch.randn(8, 2, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    device_side, host_side = CentroidState(k=3, hidden_size=2), CentroidState(k=3, hidden_size=2)
-    for batch in batches:
-        device_side.advance_(batch, device_side.assign(batch).nearest, sigma, gamma=0.1)
-        if host_side.is_initialized:
-            host_side.update_(batch, host_side.assign(batch).nearest, gamma=0.1)
-        elif bool(should_initialize(batch, sigma)):
-            host_side.initialize_(initial_centroids(batch, 3))
-    assert not device_side.is_initialized  # nothing read back
-    device_side.refresh_host_view()
-    assert device_side.is_initialized == host_side.is_initialized == (sigma == 1.0)
-    assert int(device_side.num_updates) == int(host_side.num_updates) == (3 if sigma == 1.0 else 0)
-    torch.testing.assert_close(device_side.centroids, host_side.centroids)
-
-
 def test_global_initialization_returns_member_means():
     generator = torch.Generator().manual_seed(0)
     blob_a = torch.tensor([5.0, 0.0, 0.0]) + 0.1 * torch.randn(60, 3, generator=generator)
@@ -199,6 +181,31 @@ def test_global_initialization_returns_member_means():
     if centroids[0, 0] < centroids[1, 0]:
         expected = expected.flip(0)
     torch.testing.assert_close(centroids, expected)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_spherical_kmeans_finds_the_partition_and_centroids_faiss_finds(seed: int):
+    """Five separated directions on the sphere (norms and noise vary): the torch K-means and faiss's
+    spherical K-means (what the global initialization used before) both recover the generating partition,
+    with the same unit centroids (the normalized member means)."""
+    import faiss
+
+    generator = torch.Generator().manual_seed(0)
+    directions = F.normalize(torch.randn(5, 16, generator=generator), dim=-1)
+    truth = torch.arange(5).repeat_interleave(40)
+    x = directions[truth] * (1 + torch.rand(200, 1, generator=generator)) + 0.1 * torch.randn(200, 16, generator=generator)
+    centroids, labels = spherical_kmeans(x, 5, seed=seed)
+    unit = F.normalize(x, dim=-1).numpy()
+    kmeans = faiss.Kmeans(16, 5, niter=20, seed=seed, spherical=True)
+    kmeans.train(unit)
+    faiss_labels = torch.from_numpy(kmeans.index.search(unit, 1)[1][:, 0]).long()
+    for found in (labels, faiss_labels):  # each found cluster is one generating direction
+        assert len(set(zip(found.tolist(), truth.tolist()))) == 5 and len(found.unique()) == 5
+    faiss_centroids = torch.from_numpy(kmeans.centroids)
+    members_mean = torch.stack([F.normalize(torch.from_numpy(unit)[labels == c].mean(0), dim=0) for c in range(5)])
+    torch.testing.assert_close(centroids, members_mean, atol=1e-5, rtol=0)
+    order = torch.tensor([faiss_labels[labels == c][0].item() for c in range(5)])  # faiss id of our cluster c
+    torch.testing.assert_close(centroids, faiss_centroids[order], atol=1e-5, rtol=0)
 
 
 @contextmanager
@@ -224,7 +231,7 @@ def test_ops_run_without_host_reads(monkeypatch: pytest.MonkeyPatch):
         state.update_(embeddings, result.nearest, gamma=0.01, rule="mean")
         update_centroids(state.centroids, embeddings, result.nearest, gamma=0.01, rule="sum")
         should_initialize(embeddings, sigma=0.4)
-        CentroidState(k=4, hidden_size=8).advance_(embeddings, result.nearest, sigma=0.4, gamma=0.01)
+        spherical_kmeans(embeddings, k=4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for sync debug mode")
@@ -239,8 +246,7 @@ def test_ops_run_without_cuda_sync():
             state.random_clusters = random_clusters
             state.update_(embeddings, state.assign(embeddings).nearest, gamma=1e-3)
         should_initialize(embeddings, sigma=0.4)
-        fresh = CentroidState(k=32, hidden_size=64).cuda()
-        fresh.advance_(embeddings, fresh.assign(embeddings).nearest, sigma=0.4, gamma=1e-3)
+        spherical_kmeans(embeddings, k=32)
     finally:
         torch.cuda.set_sync_debug_mode(0)
 
@@ -325,38 +331,61 @@ def test_callback_reports_k_larger_than_batch():
 
 
 class _Recording(_Tiny):
-    """Checks, on every rank at the end of a DDP run, that the centroids equal the ops replayed
-    on the global batches seen, and are identical across ranks."""
+    """A DDP run where rank 1 disagrees: its own σ would never start clustering, and its centroids
+    are perturbed after step 3 (as a GPU that rounds differently would drift). Checks, on every rank,
+    the centroids after each step against rank 0's ops replayed on the global batches seen."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seen: list[Tensor] = []
+        self.centroids_after: list[Tensor] = []
+
+    def on_fit_start(self) -> None:
+        """As `SentEmbMethod`: no DDP buffer broadcast before each forward, which would hide what is tested."""
+        self.trainer.strategy.model.forward_sync_buffers = False
+        self.trainer.strategy.model.broadcast_buffers = False
+
+    def on_train_start(self) -> None:
+        if self.global_rank == 1:
+            next(c for c in self.trainer.callbacks if isinstance(c, KMeansCallback)).sigma = -1.0
 
     def on_train_batch_end(self, outputs: Tensor, batch: list[Tensor], batch_idx: int) -> None:
         self.seen.append(self.last_cluster_embeddings)
+        if self.global_rank == 1 and self.global_step == 3:
+            self.cluster_state.centroids.add_(1e-3)
+        self.centroids_after.append(self.cluster_state.centroids.clone())
 
     def on_train_end(self) -> None:
-        expected = initial_centroids(self.seen[0], k=3)
-        for embeddings in self.seen[1:]:
-            update_centroids(expected, embeddings, assign(embeddings, expected).nearest, gamma=0.1)
         assert self.seen[0].shape[0] == 16  # the global batch: 2 ranks x 8
-        torch.testing.assert_close(self.cluster_state.centroids, expected)
-        gathered = self.all_gather(self.cluster_state.centroids)
-        assert torch.equal(gathered[0], gathered[1]), "centroids differ across ranks"
+        expected = [initial_centroids(self.seen[0], k=3)]  # rank 0 decides: clustering starts at step 1
+        for embeddings in self.seen[1:]:
+            expected.append(update_centroids(expected[-1].clone(), embeddings, assign(embeddings, expected[-1]).nearest,
+                                             gamma=0.1))
+        # every rank checks every rank's history (a failure on rank 1 alone might not reach pytest)
+        histories = self.all_gather(torch.stack(self.centroids_after))
+        for rank, history in enumerate(histories):
+            for step, (got, want) in enumerate(zip(history, expected, strict=True)):
+                if rank == 1 and step == 2:  # step 3: perturbed, not yet a log step
+                    assert not torch.allclose(got, want)
+                else:
+                    torch.testing.assert_close(got, want, msg=f"rank {rank} after step {step + 1}")
 
 
 @pytest.mark.slow
-def test_callback_under_ddp_keeps_ranks_identical():
+def test_callback_under_ddp_follows_rank_zero():
+    """Rank 0's σ decision and initial centroids hold on every rank, and its centroids are broadcast
+    at log steps (every 2 here): after step 4 rank 1's drift of step 3 is gone."""
     dataset, _ = _batches()
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
         strategy="ddp_spawn",
-        max_steps=2,
+        max_steps=4,
+        log_every_n_steps=2,
         callbacks=[KMeansCallback(sigma=1.0, gamma=0.1)],
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(_Recording(), DataLoader(dataset, batch_size=8))
+    trainer.fit(_Recording(), DataLoader(TensorDataset(torch.cat([dataset.tensors[0]] * 2)), batch_size=8))

@@ -15,9 +15,13 @@ Differences from the reference implementation (github.com/djz233/ClusterNS), on 
 - the centroids are updated after the optimizer step from the batch that was just trained on,
   so the loss at step t sees the centroids updated through step t-1 (the reference updates
   with batch t first, then builds the loss): one γ-weighted update of lag;
-- nothing is read back to the host or exchanged between DDP ranks per step: the σ decision and
-  the initialization happen on the device (`CentroidState.advance_`), and every rank computes the
-  same centroids from the same all-gathered batch (the reference runs on one process).
+- DDP (the reference runs on one process): rank 0's centroids are the truth, the ones checkpointed.
+  Until clustering starts, the σ decision is rank 0's, broadcast and read by the host every step
+  (one read a step, until then only); the initial centroids are rank 0's, broadcast. Afterwards
+  every rank updates from the same all-gathered batch and assignment rule, which keeps the ranks
+  equal wherever their GPUs compute alike, and rank 0's centroids are broadcast again at every log
+  step (`log_every_n_steps`), so ranks that round differently (mixed GPU models, nondeterministic
+  kernels) drift for at most that many steps.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lightning_sentemb.losses.info_nce import cosine_matrix
-from lightning_sentemb.distributed import at_decision_step
+from lightning_sentemb.distributed import at_decision_step, broadcast_from_rank_zero
+from lightning_sentemb.precision import exact_fp32
 
 __all__ = [
     "Assignment",
@@ -42,6 +47,7 @@ __all__ = [
     "initial_centroids",
     "random_assign",
     "should_initialize",
+    "spherical_kmeans",
     "update_centroids",
 ]
 
@@ -135,7 +141,8 @@ def update_centroids(
         raise ValueError(f"rule must be 'mean' or 'sum', got {rule!r}")
     k = centroids.shape[0]
     members = (assignment[:, None] == torch.arange(k, device=assignment.device)).to(centroids.dtype)
-    sums = members.T @ embeddings.detach().to(centroids.dtype)  # (K, H)
+    with exact_fp32(centroids.device.type):  # the centroids' dtype (fp32) even under autocast
+        sums = members.T @ embeddings.detach().to(centroids.dtype)  # (K, H)
     counts = members.sum(dim=0)[:, None]  # (K, 1)
     target = sums / counts.clamp(min=1) if rule == "mean" else sums
     return centroids.lerp_(target, gamma * (counts > 0).to(centroids.dtype))
@@ -157,41 +164,45 @@ def should_initialize(embeddings: Tensor, sigma: float) -> Tensor:
     return off_diagonal <= sigma
 
 
+def spherical_kmeans(embeddings: Tensor, k: int, seed: int = 0, niter: int = 20) -> tuple[Tensor, Tensor]:
+    """Spherical (cosine) K-means on the embeddings' device, in torch: `k` distinct rows drawn with `seed`
+    start as the centroids (as faiss's `Kmeans`), then `niter` rounds of Lloyd's algorithm: each row to its
+    most similar centroid, each centroid to the normalized mean of its members (a cluster left empty keeps
+    its centroid). Similarities in fp32 (`cosine_matrix`); deterministic, no host sync.
+
+    Returns the unit-norm centroids (K, H) and each row's cluster id (N,) under them.
+    """
+    if k > embeddings.shape[0]:
+        raise ValueError(f"K={k} is larger than the number of embeddings ({embeddings.shape[0]}).")
+    x = F.normalize(embeddings.detach().float(), dim=-1)
+    first = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:k]
+    centroids = x.index_select(0, first.to(x.device))
+    for _ in range(niter):
+        update_centroids(centroids, x, cosine_matrix(x, centroids).argmax(dim=1), gamma=1.0)
+        centroids = F.normalize(centroids, dim=-1)
+    return centroids, cosine_matrix(x, centroids).argmax(dim=1)
+
+
 def global_initial_centroids(embeddings: Tensor, k: int, seed: int = 0, niter: int = 20) -> Tensor:
     """Global initialization (Appendix E.2; the paper found it no better, 77.81 vs 77.98):
-    spherical (cosine) K-means with faiss over the embeddings of the whole training set, on GPU
-    when faiss has one.
+    spherical K-means (`spherical_kmeans`, on the embeddings' device) over the embeddings of a sample of
+    the training set.
 
     Returns the raw (unnormalized) mean of each cluster's members, i.e. the same space as the
     batch initialization and Eq. 7 means, so the momentum updates mix like with like; a cluster
-    left empty keeps faiss's unit-norm centroid. Result is on the device/dtype of `embeddings`.
+    left empty keeps its unit-norm K-means centroid. Result is on the device/dtype of `embeddings`.
     """
-    import faiss
-
-    x = embeddings.detach().float().cpu()
-    if k > x.shape[0]:
-        raise ValueError(f"K={k} is larger than the number of embeddings ({x.shape[0]}).")
-    unit = F.normalize(x, dim=-1).numpy()
-    kmeans = faiss.Kmeans(
-        unit.shape[1], k, niter=niter, seed=seed, spherical=True, gpu=faiss.get_num_gpus() > 0
-    )
-    kmeans.train(unit)
-    _, labels = kmeans.index.search(unit, 1)
-    centroids = torch.from_numpy(kmeans.centroids).clone()
-    update_centroids(centroids, x, torch.from_numpy(labels[:, 0]).long(), gamma=1.0, rule="mean")
-    return centroids.to(device=embeddings.device, dtype=embeddings.dtype)
+    centroids, labels = spherical_kmeans(embeddings, k, seed, niter)
+    return update_centroids(centroids, embeddings.float(), labels, gamma=1.0).to(dtype=embeddings.dtype)
 
 
 class CentroidState(nn.Module):
     """The centroids and their bookkeeping, owned by the method.
 
     Buffers exist from construction (step 0), so every checkpoint has them and `.to(device)`
-    moves them: `centroids` (K, H), `initialized` (bool), `num_updates` (long). The device flag
-    `initialized` is the truth; `is_initialized` is the host's view of it, which lets the training
-    step skip the pre-clustering work without a device sync. It is exact after `initialize_` and
-    `load_state_dict`; when the σ criterion starts clustering on the device (`advance_`) the host
-    learns it at the next `refresh_host_view` (the callback reads it every `log_every_n_steps`
-    steps), and until then the method computes both losses and the device picks.
+    moves them: `centroids` (K, H), `initialized` (bool), `num_updates` (long). `is_initialized`
+    is the host's copy of `initialized` (set by `initialize_` and `load_state_dict`), so the
+    training step picks its loss without reading the device.
 
     `random_clusters` (ablation) lives here rather than on the callback because the loss and the
     update use the same assignment: `assign`.
@@ -216,16 +227,12 @@ class CentroidState(nn.Module):
 
     @staticmethod
     def _read_host_view(module: CentroidState, incompatible_keys: Any) -> None:
-        module.refresh_host_view()
+        module._initialized = bool(module.initialized)  # one host read per checkpoint load
 
     @property
     def is_initialized(self) -> bool:
-        """Whether clustering has started, as far as the host knows (no device sync; see the class)."""
+        """Whether clustering has started (the host's copy: no device sync)."""
         return self._initialized
-
-    def refresh_host_view(self) -> None:
-        """Read the device flag into `is_initialized` (one host sync)."""
-        self._initialized = bool(self.initialized)
 
     def assign(self, embeddings: Tensor, step: int = 0) -> Assignment:
         """The clusters of a batch: by cosine similarity, or under the ablation random, drawn from
@@ -245,42 +252,16 @@ class CentroidState(nn.Module):
         update_centroids(self.centroids, embeddings, assignment, gamma, rule)
         self.num_updates.add_(1)
 
-    @torch.no_grad()
-    def advance_(
-        self, embeddings: Tensor, assignment: Tensor, sigma: float, gamma: float, rule: UpdateRule = "mean"
-    ) -> None:
-        """Algorithm 1 after one batch: once clustering has started, the momentum update with the
-        batch's `assignment`; before, initialize from this batch when the σ criterion holds.
-
-        Before the host knows that clustering started, both branches run on the device and flags
-        select (no read-back): the update scaled by `initialized` (0 before), the initial centroids
-        written where the criterion first holds. The result is the branch the flags choose.
-        """
-        if self._initialized:
-            self.update_(embeddings, assignment, gamma, rule)
-            return
-        started = self.initialized.clone()
-        starts_now = should_initialize(embeddings, sigma) & ~started
-        update_centroids(self.centroids, embeddings, assignment, gamma * started, rule)
-        self.centroids.copy_(torch.where(starts_now, initial_centroids(embeddings, self.k), self.centroids))
-        self.num_updates.add_(started.long())
-        self.initialized.logical_or_(starts_now)
-
 
 class KMeansCallback(Callback):
     """Runs Algorithm 1's clustering after every training batch.
 
     Reads `pl_module.cluster_state` (a `CentroidState`), `pl_module.last_cluster_embeddings` (the
     global batch of anchor embeddings, all-gathered under DDP) and `pl_module.last_cluster_assignment`
-    (their nearest centroids, as the loss assigned them). Before initialization it tests the σ
+    (their nearest centroids, as the loss assigned them). Before clustering starts it tests the σ
     criterion and, the first time it holds, initializes the centroids from that batch; afterwards it
-    updates them with momentum γ (`CentroidState.advance_`).
-
-    No host sync and no collective per step: the σ test and the initialization run on the device,
-    and the host reads the `initialized` flag every `log_every_n_steps` steps until it is set (and
-    at the end of fit). DDP: every rank sees the same global batch and computes the same σ
-    decision, initial centroids and update with deterministic ops (matmul, no atomics), so the
-    centroids stay identical on every rank without a broadcast.
+    updates them with momentum γ. Under DDP rank 0 decides and its centroids are broadcast (see the
+    module's docstring): the σ decision costs one host read a step until clustering starts.
     """
 
     def __init__(self, sigma: float = 0.4, gamma: float = 1e-3, rule: UpdateRule = "mean") -> None:
@@ -297,16 +278,10 @@ class KMeansCallback(Callback):
         embeddings: Tensor | None = pl_module.last_cluster_embeddings
         if embeddings is None:
             return
-        state.advance_(embeddings, pl_module.last_cluster_assignment, self.sigma, self.gamma, self.rule)
-        if not state.is_initialized and at_decision_step(trainer):
-            self._read_initialization(trainer, state)
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not pl_module.cluster_state.is_initialized:
-            self._read_initialization(trainer, pl_module.cluster_state)
-
-    @staticmethod
-    def _read_initialization(trainer: Trainer, state: CentroidState) -> None:
-        state.refresh_host_view()
         if state.is_initialized:
-            rank_zero_info(f"ClusterNS: centroids initialized by global step {trainer.global_step} (σ criterion met)")
+            state.update_(embeddings, pl_module.last_cluster_assignment, self.gamma, self.rule)
+            if at_decision_step(trainer):
+                broadcast_from_rank_zero(state.centroids)
+        elif bool(broadcast_from_rank_zero(should_initialize(embeddings, self.sigma))):
+            state.initialize_(broadcast_from_rank_zero(initial_centroids(embeddings, state.k)))
+            rank_zero_info(f"ClusterNS: centroids initialized at global step {trainer.global_step} (σ criterion met)")

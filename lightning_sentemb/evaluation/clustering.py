@@ -1,6 +1,7 @@
 """K-means clustering of frozen embeddings (ConPVP Table 6, ClusterNS Tables 5-6).
 
-K is the number of gold classes; K-means (faiss, on the GPU when faiss sees one) runs
+K is the number of gold classes; K-means (faiss-cpu, on the CPU: the embeddings are already there,
+and a GPU faiss would claim every GPU of the node, those other ranks train on included) runs
 once per seed on the raw embeddings, and ACC / NMI / AMI are averaged over the runs.
 faiss is told to use every point (its default subsamples to 256 points per centroid)
 and to iterate up to ``niter`` times (it stops early once assignments settle). On the CPU
@@ -34,7 +35,6 @@ def kmeans_assign(embeddings: np.ndarray, n_clusters: int, seed: int, niter: int
         seed=seed,
         max_points_per_centroid=len(x),
         min_points_per_centroid=1,
-        gpu=faiss.get_num_gpus() > 0,
     )
     with threadpool_limits(limits=1):
         kmeans.train(x)

@@ -6,11 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..precision import exact_fp32
+
 
 def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
-    """(n, m) cosine similarities, computed in fp32 (or wider) so bf16 training keeps a sharp softmax."""
+    """(n, m) cosine similarities in fp32 (or wider), under any autocast and with TF32 on, so bf16
+    training keeps a sharp softmax: every loss, centroid assignment and false-negative decision reads
+    its similarities here (`precision.exact_fp32`)."""
     dtype = torch.promote_types(a.dtype, torch.float32)
-    return F.normalize(a.to(dtype), dim=-1) @ F.normalize(b.to(dtype), dim=-1).T
+    with exact_fp32(a.device.type):
+        return F.normalize(a.to(dtype), dim=-1) @ F.normalize(b.to(dtype), dim=-1).T
 
 
 def info_nce(

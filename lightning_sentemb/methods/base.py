@@ -92,8 +92,8 @@ class SentEmbMethod(LightningModule):
         grad_cache_chunk: rows per chunk for gradient caching (0 = off): the global batch's loss
             and exact gradient with the activation memory of this many rows, so a paper's batch
             (its number of negatives) fits a small GPU. Training then uses manual optimization:
-            `trainer.gradient_clip_val` and `accumulate_grad_batches` are refused. See
-            `grad_cache_backward`.
+            `trainer.gradient_clip_val` applies as usual (`on_before_optimizer_step`),
+            `accumulate_grad_batches` is refused. See `grad_cache_backward`.
         padding_free: run the encoder without computing on padding (`encoders.packed`; same
             results); false = the backbone's own padded forward. Unsupported backbones fall back
             with a logged reason.
@@ -115,6 +115,9 @@ class SentEmbMethod(LightningModule):
     encoder: `backbone` names the rest, rebuilt at load and checked against the identity stored with it
     (name and config.json hash).
     """
+
+    # the trainer's (gradient_clip_val, gradient_clip_algorithm) under gradient caching (`configure_callbacks`)
+    manual_gradient_clip: tuple[float | None, str | None] = (None, None)
 
     def __init__(
         self,
@@ -306,8 +309,8 @@ class SentEmbMethod(LightningModule):
     def on_fit_start(self) -> None:
         """Log how much trains. Under DDP, no broadcast of the buffers before every forward, a
         collective per step for nothing: every rank holds the same buffers by construction (the
-        backbone's constant position ids; ClusterNS's centroids, computed identically from the
-        all-gathered batch)."""
+        backbone's constant position ids; ClusterNS's centroids, updated from the all-gathered batch
+        and re-broadcast from rank 0 by its K-means callback at log steps)."""
         rank_zero_info(f"{type(self).__name__}: {self.trainable_summary()}")
         model = self.trainer.strategy.model
         if isinstance(model, DistributedDataParallel):
@@ -426,11 +429,10 @@ class SentEmbMethod(LightningModule):
                 f"-mixed (got {trainer.precision})"
             )
         if self.hparams.grad_cache_chunk and fitting:
-            if trainer.gradient_clip_val:
-                raise SentEmbUserError(
-                    f"trainer.gradient_clip_val={trainer.gradient_clip_val} is not supported with "
-                    "model.init_args.grad_cache_chunk > 0 (manual optimization): remove one of them"
-                )
+            # Lightning refuses gradient_clip_val under manual optimization; the method clips itself
+            # (`on_before_optimizer_step`), so it takes the setting over before Lightning's check.
+            self.manual_gradient_clip = (trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+            trainer.gradient_clip_val = None
             if trainer.accumulate_grad_batches != 1:
                 raise SentEmbUserError(
                     f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} with "
@@ -438,6 +440,14 @@ class SentEmbMethod(LightningModule):
                     "data.batch_size instead (caching keeps its memory to one chunk)"
                 )
         return []
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradient caching steps the optimizer itself, where Lightning does not clip: the trainer's
+        `gradient_clip_val` / `gradient_clip_algorithm` apply here, where automatic optimization clips
+        (after DDP's gradient all-reduce and fp16's unscaling, before the step)."""
+        clip_val, algorithm = self.manual_gradient_clip
+        if clip_val:
+            self.clip_gradients(optimizer, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]

@@ -24,7 +24,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from ..callbacks.kmeans import Assignment, CentroidState, KMeansCallback, UpdateRule, global_initial_centroids
-from ..distributed import gather_with_grad, local_labels
+from ..distributed import broadcast_from_rank_zero, gather_with_grad, local_labels
 from ..errors import SentEmbUserError
 from ..losses.clusterns import BMLReduction, ClusterNSLoss, FalseNegatives, HardNegatives
 from .dcpcse import DCPCSE
@@ -44,9 +44,8 @@ class ClusteringObjective:
     criterion holds the loss is the plain InfoNCE; afterwards the loss adds the hard negatives and
     the BML. The callback updates the centroids after the optimizer step, so step t's loss sees the
     centroids updated through step t-1 (the reference updates first: one γ-weighted update of lag).
-    The criterion is decided on the device; until the host has read that clustering started
-    (`CentroidState`), both losses are computed and the device flag picks one, so no step waits on
-    a read-back.
+    The callback reads the σ decision on the host every step until clustering starts (under DDP rank
+    0's, broadcast: every rank switches losses at the same step); afterwards nothing is read back.
 
     Args:
         num_clusters: K. Without global initialization it must not exceed the global batch (the
@@ -111,17 +110,19 @@ class ClusteringObjective:
         kmeans = KMeansCallback(self.hparams.sigma, self.hparams.gamma, self.hparams.update_rule)
         return [*super().configure_callbacks(), kmeans]
 
-    def assign_clusters(self, embeddings: Tensor, batch: dict[str, Any]) -> Assignment:
-        """The K-means assignment of the global batch's anchor view, kept (`last_cluster_*`) for the
-        callback's update."""
+    def assign_clusters(self, embeddings: Tensor, batch: dict[str, Any]) -> Assignment | None:
+        """The K-means assignment of the global batch's anchor view (None until clustering starts), kept
+        (`last_cluster_*`) for the callback's update."""
         if batch["num_views"] != 2:
             raise ValueError(
                 f"{type(self).__name__} is unsupervised (two views of each sentence); got {batch['num_views']} "
                 "views: train on a one-sentence-a-line corpus"
             )
         all_anchors = gather_with_grad(embeddings.unflatten(0, (2, -1))[0].detach())
-        clusters = self.cluster_state.assign(all_anchors, self.global_step)
-        self.last_cluster_embeddings, self.last_cluster_assignment = all_anchors, clusters.nearest
+        state = self.cluster_state
+        clusters = state.assign(all_anchors, self.global_step) if state.is_initialized else None
+        self.last_cluster_embeddings = all_anchors
+        self.last_cluster_assignment = None if clusters is None else clusters.nearest
         return clusters
 
     def prepare_truncations(self, embeddings: Tensor, batch: dict[str, Any]) -> dict[str, Any]:
@@ -136,12 +137,11 @@ class ClusteringObjective:
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
         state = self.cluster_state
-        centroids = state.centroids[:, : anchors.size(-1)]  # all of them unless Matryoshka truncates
-        loss, stats = self.loss_fn(anchors, positives, labels, centroids, clusters.nearest, clusters.second_nearest)
-        if not state.is_initialized:  # perhaps started on the device: both losses, the flag picks
-            plain, plain_stats = self.loss_fn(anchors, positives, labels)
-            loss = torch.where(state.initialized, loss, plain)
-            stats = {name: torch.where(state.initialized, stats[name], value) for name, value in plain_stats.items()}
+        if clusters is None:  # plain InfoNCE (Eq. 1) until the σ criterion starts clustering
+            loss, stats = self.loss_fn(anchors, positives, labels)
+        else:
+            centroids = state.centroids[:, : anchors.size(-1)]  # all of them unless Matryoshka truncates
+            loss, stats = self.loss_fn(anchors, positives, labels, centroids, clusters.nearest, clusters.second_nearest)
         stats["cluster/initialized"] = state.initialized.float()
         return loss, stats
 
@@ -171,7 +171,7 @@ class ClusteringObjective:
         view is computed and dropped (twice the cost of one view, once per run).
         """
         trainer = self.trainer
-        centroids = None
+        centroids = torch.empty_like(self.cluster_state.centroids)  # rank 0's, once broadcast
         if trainer.is_global_zero:
             dataset = trainer.train_dataloader.dataset
             generator = torch.Generator().manual_seed(self.hparams.cluster_seed)
@@ -183,10 +183,9 @@ class ClusteringObjective:
                     batch = self.collate([dataset[i] for i in order[start : start + size]])
                     features = {k: v.to(self.device) for k, v in batch["features"].items()}
                     chunks.append(self.embed(features).unflatten(0, (batch["num_views"], -1))[0].float())
-            # On CPU for the broadcast: a pickled CUDA tensor would land on rank 0's GPU on every rank.
-            centroids = global_initial_centroids(torch.cat(chunks), self.cluster_state.k, self.hparams.cluster_seed).cpu()
+            centroids = global_initial_centroids(torch.cat(chunks), self.cluster_state.k, self.hparams.cluster_seed)
             rank_zero_info(f"ClusterNS: centroids initialized by global K-means over {len(order)} training examples")
-        self.cluster_state.initialize_(trainer.strategy.broadcast(centroids, src=0))
+        self.cluster_state.initialize_(broadcast_from_rank_zero(centroids))
 
 
 class ClusterNS(ClusteringObjective, SimCSE):
