@@ -227,6 +227,7 @@ def test_ops_run_without_host_reads(monkeypatch: pytest.MonkeyPatch):
         CentroidState(k=4, hidden_size=8).advance_(embeddings, result.nearest, sigma=0.4, gamma=0.01)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for sync debug mode")
 def test_ops_run_without_cuda_sync():
     embeddings = torch.randn(256, 64, device="cuda")
