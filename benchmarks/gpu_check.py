@@ -284,29 +284,24 @@ def equivalence(ctx: Context) -> dict:
     ctx.need_models()
     bert, decoder = ctx.bert, ctx.decoder
     lora = ctx.lora(dropout=0.0)
-    cases: list[tuple[str, str, Callable[..., Any], str]] = [
-        ("SimCSE, bert-base", "padding-free vs padded", lambda **kw: SimCSE(bert, dropout=0.0, **kw), "padding_free"),
-        ("PromptBERT, bert-base", "padding-free vs padded", lambda **kw: PromptBERT(bert, dropout=0.0, **kw),
-         "padding_free"),
-        ("SimCSE (last token), decoder", "padding-free vs padded", lambda **kw: SimCSE(decoder, dropout=0.0, **kw),
-         "padding_free"),
-        ("SimCSE, bert-base", f"grad cache (chunk {ctx.sizes.chunk}) vs full batch",
-         lambda **kw: SimCSE(bert, dropout=0.0, **kw), "grad_cache_chunk"),
-        ("PromptEOL + LoRA, decoder", f"grad cache (chunk {ctx.sizes.chunk}) vs full batch",
-         lambda **kw: PromptBERT(decoder, dropout=0.0, mlp="none", denoise_train=False, lora=lora, **kw),
-         "grad_cache_chunk"),
+    packed = "padding-free vs padded", {"padding_free": True}, {"padding_free": False}
+    cached = f"grad cache (chunk {ctx.sizes.chunk}) vs full batch", {"grad_cache_chunk": ctx.sizes.chunk}, {}
+    cases: list[tuple[str, Callable[..., Any], tuple[str, dict, dict]]] = [
+        ("SimCSE, bert-base", lambda **kw: SimCSE(bert, dropout=0.0, **kw), packed),
+        ("PromptBERT, bert-base", lambda **kw: PromptBERT(bert, dropout=0.0, **kw), packed),
+        ("SimCSE (last token), decoder", lambda **kw: SimCSE(decoder, dropout=0.0, **kw), packed),
+        ("SimCSE, bert-base", lambda **kw: SimCSE(bert, dropout=0.0, **kw), cached),
+        ("PromptEOL + LoRA, decoder",
+         lambda **kw: PromptBERT(decoder, dropout=0.0, mlp="none", denoise_train=False, lora=lora, **kw), cached),
     ]
+    torch.set_float32_matmul_precision("highest")  # TF32 off: the fp32 rows are fp32
     rows = []
     for precision in ("bf16", "fp32"):
-        torch.set_float32_matmul_precision("highest")  # TF32 off: the fp32 rows are fp32
-        for case, comparison, build, switch in cases:
+        for case, build, (comparison, fast, plain) in cases:
             row: dict[str, Any] = {"case": case, "comparison": comparison, "precision": precision}
             try:
-                fast, plain = ({"padding_free": True}, {"padding_free": False}) if switch == "padding_free" else (
-                    {"grad_cache_chunk": ctx.sizes.chunk}, {})
-                cached = "grad_cache_chunk" in fast
-                loss_fast, grads_fast = loss_and_gradients(ctx, build, fast, precision, cached=cached)
-                loss_plain, grads_plain = loss_and_gradients(ctx, build, plain, precision, cached=False)
+                loss_fast, grads_fast = loss_and_gradients(ctx, build, fast, precision)
+                loss_plain, grads_plain = loss_and_gradients(ctx, build, plain, precision)
                 loss_error = abs(loss_fast - loss_plain) / max(1.0, abs(loss_plain))
                 difference = sum(float((a - b).square().sum()) for a, b in zip(grads_fast, grads_plain, strict=True))
                 norm = sum(float(b.square().sum()) for b in grads_plain)
@@ -325,10 +320,9 @@ def equivalence(ctx: Context) -> dict:
     return outcome(rows)
 
 
-def loss_and_gradients(ctx: Context, build: Callable[..., Any], switches: dict, precision: str,
-                       cached: bool) -> tuple[float, list]:
+def loss_and_gradients(ctx: Context, build: Callable[..., Any], switches: dict, precision: str) -> tuple[float, list]:
     """Loss and the gradients (fp32, on the device) of one batch of `ctx.sentences`, the method built
-    from seed 0 with `switches`; by gradient caching when `cached`."""
+    from seed 0 with `switches`; by gradient caching when they set `grad_cache_chunk`."""
     import torch
 
     from methods import prepare
@@ -338,7 +332,7 @@ def loss_and_gradients(ctx: Context, build: Callable[..., Any], switches: dict, 
     batch, _, _ = prepare(method, ctx.sentences[: ctx.sizes.check_batch])
     torch.manual_seed(0)
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        if cached:
+        if switches.get("grad_cache_chunk"):
             loss = method.grad_cache_backward(batch)[0]
         else:
             loss = method.step_loss(batch)[0]
