@@ -11,7 +11,14 @@ STAMP := $(VENV)/.installed
 # The demo's step count, read from its config, labels the table `make demo` ends with.
 DEMO_STEPS := $(shell sed -n 's/^  max_steps: *//p' experiments/demo/simcse.yaml)
 
-.PHONY: install demo test test-fast train bench docker clean
+# `make gpu-check` runs on a CUDA machine's own python3 (not the venv), with no package index: the
+# packages its image lacks come as wheels in $(GPU_KIT)/wheels (docs/benchmarks.md), installed to
+# $(GPU_SITE) when that folder exists.
+GPU_PYTHON ?= python3
+GPU_KIT ?= .gpu
+GPU_SITE ?= /tmp/gpu-check-site
+
+.PHONY: install demo test test-fast train bench gpu-check docker clean
 
 # torch is installed first and pinned by a constraints file, so no later requirement can pull a
 # multi-GB CUDA build onto a CPU machine. numpy>=2 in the same file keeps any requirement from
@@ -51,6 +58,14 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gradcache.py
 	$(BIN)/python benchmarks/lora.py
 	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py
+
+# One command on a CUDA GPU: CUDA tests, a bf16 step of every method, fast paths against plain ones,
+# throughput, 2-process DDP; a report in the folder it prints (benchmarks/gpu_check.py). ARGS: e.g. --budget 300.
+gpu-check:
+	@if [ -d "$(GPU_KIT)/wheels" ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile \
+		--upgrade --target $(GPU_SITE) $(GPU_KIT)/wheels/*.whl; fi
+	@PYTHONPATH="$(GPU_SITE):$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" WANDB_MODE=disabled HF_HUB_OFFLINE=1 \
+		$(GPU_PYTHON) benchmarks/gpu_check.py $(ARGS)
 
 # CUDA image with `sentemb` as entry point (docker/README.md); its install step is `make install`.
 docker:

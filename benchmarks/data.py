@@ -172,7 +172,7 @@ def loader_against_step(options: argparse.Namespace, data_dir: Path) -> None:
             step_ms = 1000 * step_seconds(method, dataset, options.steps)
             for workers in (0, 2):
                 sampler = ResumableBatchSampler(len(dataset), 64, seed=0)
-                batches = iter(TrainLoader(dataset, sampler, method, workers))
+                batches = iter(TrainLoader(dataset, sampler, method.collator, workers))
                 next(batches)  # workers started, first batch made
                 count = min(options.batches, len(sampler) - 1)
                 start = time.perf_counter()

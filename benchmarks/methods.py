@@ -56,8 +56,9 @@ def prepare(method: SentEmbMethod, sentences: list[str], max_tokens: int = 30):
     return batch, optimizer, clustering
 
 
-def train_step(method: SentEmbMethod, batch: dict, optimizer, clustering, bf16: bool) -> None:
-    """Forward of every view, loss, backward, AdamW step, zero_grad (and the centroid update)."""
+def train_step(method: SentEmbMethod, batch: dict, optimizer, clustering, bf16: bool) -> torch.Tensor:
+    """Forward of every view, loss, backward, AdamW step, zero_grad (and the centroid update); returns
+    the loss, detached (no read-back)."""
     with torch.autocast(method.device.type, dtype=torch.bfloat16, enabled=bf16):
         loss, _ = method.training_loss(batch)
     loss.backward()
@@ -66,6 +67,7 @@ def train_step(method: SentEmbMethod, batch: dict, optimizer, clustering, bf16: 
     if clustering is not None:
         embeddings = method.last_cluster_embeddings
         clustering.update_(embeddings, clustering.assign(embeddings).nearest, 1e-3, "mean")
+    return loss.detach()
 
 
 def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int, bf16: bool,

@@ -273,3 +273,69 @@ def test_prepare_data_tokenizes_and_setup_only_opens(tiny_bert, sts_fixture, tmp
     data.setup("fit")
     assert len(data.train_dataset) == 160
     assert data.train_dataset.cache_files[0]["filename"].startswith(str(tmp_path / "cache"))
+
+
+def pickled_objects(obj: object) -> list[object]:
+    """Every object `pickle` writes for `obj`."""
+    import pickle
+
+    seen: list[object] = []
+
+    class Recording(pickle.Pickler):
+        def persistent_id(self, o: object) -> None:
+            seen.append(o)
+
+    Recording(io.BytesIO()).dump(obj)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["simcse_mlm", "promptbert", "conpvp"])
+def test_the_collator_pickles_without_the_model_and_builds_the_same_batches(name, tiny_bert):
+    """What a spawn or forkserver worker receives: no module, no tensor, and the same batches from the
+    same per-batch seed (the draws: MLM masks, ConPVP's templates)."""
+    import pickle
+
+    import torch
+
+    from lightning_sentemb.methods import ConPVP, PromptBERT, SimCSE
+
+    build = {"simcse_mlm": lambda: SimCSE(tiny_bert, mlm_weight=0.5), "promptbert": lambda: PromptBERT(tiny_bert),
+             "conpvp": lambda: ConPVP(tiny_bert)}[name]
+    method = build()
+    objects = pickled_objects(method.collator)
+    assert not [o for o in objects if isinstance(o, (torch.nn.Module, torch.Tensor))]
+    copy = pickle.loads(pickle.dumps(method.collator))
+    examples = [{"sent0": ids} for ids in method.tokenizer(["a man plays a guitar", "the cat sat on the mat",
+                                                            "two dogs run"], add_special_tokens=False)["input_ids"]]
+    for collator in (method.collator, copy):
+        collator.generator.manual_seed(7)
+    want, got = method.collate(examples), copy(examples)
+    assert want.keys() == got.keys()
+    for key in ("features", "mlm"):
+        for field in ("input_ids", "attention_mask"):
+            if key in want:
+                assert torch.equal(want[key][field], got[key][field])
+
+
+def test_training_batches_under_the_spawn_start_method_equal_the_in_process_ones(tiny_bert):
+    """A `spawn` worker (what a forkserver one also pickles) builds the in-process batches, template
+    draws included."""
+    import torch
+
+    from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
+    from lightning_sentemb.methods import ConPVP
+
+    method = ConPVP(tiny_bert)
+    ids = method.tokenizer([f"sentence {i} about {'cats' if i % 2 else 'dogs'}" for i in range(12)],
+                           add_special_tokens=False)["input_ids"]
+    dataset = [{"sent0": row} for row in ids]
+
+    def batches(workers: int) -> list[torch.Tensor]:
+        loader = TrainLoader(dataset, ResumableBatchSampler(len(dataset), 4, seed=5), method.collator, workers)
+        if workers:
+            loader.loader.multiprocessing_context = "spawn"
+        return [batch["features"]["input_ids"] for batch in loader]
+
+    in_process, spawned = batches(0), batches(1)
+    assert len(in_process) == 3
+    assert all(torch.equal(a, b) for a, b in zip(in_process, spawned, strict=True))

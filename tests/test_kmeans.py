@@ -234,6 +234,7 @@ def test_ops_run_without_host_reads(monkeypatch: pytest.MonkeyPatch):
         spherical_kmeans(embeddings, k=4)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for sync debug mode")
 def test_ops_run_without_cuda_sync():
     embeddings = torch.randn(256, 64, device="cuda")

@@ -371,7 +371,7 @@ def test_collate_draws_differ_across_workers_and_repeat_after_a_resume(tiny_bert
     def masked(workers: int, resume_at: int = 0) -> list[torch.Tensor]:
         sampler = ResumableBatchSampler(len(dataset), 4, seed=5)
         sampler.resume(resume_at)
-        return [batch["mlm"]["input_ids"] for batch in TrainLoader(dataset, sampler, method, workers)]
+        return [batch["mlm"]["input_ids"] for batch in TrainLoader(dataset, sampler, method.collator, workers)]
 
     with_workers = masked(2)
     assert len(with_workers) == 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterator
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from ..evaluation import parse_evaluators
 from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
 from .paths import require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
+
+if TYPE_CHECKING:
+    from ..methods.collator import Collator
 
 
 class StsPairs(Dataset):
@@ -67,7 +70,7 @@ class ResumableBatchSampler:
     the epoch and batch where those end, so a resumed run sees exactly the remaining ones.
 
     Each batch is a list of (batch seed, example index): the seed, from (seed, epoch, rank, batch
-    number), seeds what `collate` draws (`SentEmbMethod.collate_generator`), so MLM masks and
+    number), seeds what `collate` draws (the generator of the method's `collator`), so MLM masks and
     templates differ across batches, ranks and DataLoader workers and repeat after a resume
     whatever `num_workers` is.
     """
@@ -116,14 +119,15 @@ class SeededExamples(Dataset):
 
 
 class SeededCollate:
-    """Seeds the method's `collate_generator` with the batch's seed, then calls its `collate`."""
+    """Seeds the method's collator's `generator` with the batch's seed, then calls the collator
+    (`methods.collator.Collator`: what a worker start pickles, never the module)."""
 
-    def __init__(self, method: Any) -> None:
-        self.method = method
+    def __init__(self, collator: Collator) -> None:
+        self.collator = collator
 
     def __call__(self, items: list[tuple[int, Any]]) -> dict[str, Any]:
-        self.method.collate_generator.manual_seed(items[0][0])
-        return self.method.collate([example for _, example in items])
+        self.collator.generator.manual_seed(items[0][0])
+        return self.collator([example for _, example in items])
 
 
 def ignore_stop_signals(worker_id: int) -> None:
@@ -152,13 +156,13 @@ class TrainLoader:
 
     batches_trained: Callable[[], int] | None = None
 
-    def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, method: Any, num_workers: int,
+    def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, collator: Collator, num_workers: int,
                  pin_memory: bool = False, persistent_workers: bool = False) -> None:
         self.dataset = dataset
         self.sampler = batch_sampler
         self.batch_size = batch_sampler.batch_size
         # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
-        self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(method),
+        self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(collator),
                                  num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed),
                                  worker_init_fn=ignore_stop_signals, pin_memory=pin_memory,
                                  persistent_workers=persistent_workers and num_workers > 0)
@@ -313,7 +317,7 @@ class SentEmbDataModule(LightningDataModule):
         sampler = ResumableBatchSampler(len(self.train_dataset), self.hparams.batch_size, self.method.run_seed, replicas, rank)
         sampler.resume(self.batches_done)
         pin_memory = torch.cuda.is_available() if self.hparams.pin_memory is None else self.hparams.pin_memory
-        loader = TrainLoader(self.train_dataset, sampler, self.method, self.hparams.num_workers, pin_memory,
+        loader = TrainLoader(self.train_dataset, sampler, self.method.collator, self.hparams.num_workers, pin_memory,
                              self.hparams.persistent_workers)
         if trainer is not None:
             loader.batches_trained = lambda: trainer.fit_loop.epoch_loop.batch_progress.total.processed

@@ -2,7 +2,7 @@
 LoRA and the memory switches, checkpoints.
 
 A method subclasses `SentEmbMethod` and contributes only what makes it different:
-`build_encoder` (input format), `collate` (the views of a training example) and `embedding_loss`
+`build_encoder` (input format), `collator_class` (the views of a training example) and `embedding_loss`
 (the loss from the batch's sentence embeddings). The base embeds the batch, in one forward or, with
 `grad_cache_chunk`, chunk by chunk with gradient caching, and with `matryoshka_dims` sums the method's
 loss over truncations of the embeddings (`sentence_loss`).
@@ -42,8 +42,9 @@ from ..evaluation.suite import evaluate_suite, headline_scores
 from ..errors import SentEmbUserError
 from ..export import write_plain_export
 from ..grad_cache import RngState, chunk_spans, rows_of
-from ..losses.mlm import mask_tokens, mlm_loss
+from ..losses.mlm import mlm_loss
 from ..matryoshka import check_dims, truncate
+from .collator import Collator
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
@@ -170,8 +171,7 @@ class SentEmbMethod(LightningModule):
                 for task in STS_TASKS + DEV_TASKS
             }
         )
-        # what `collate` draws (MLM masks, templates); the training loader reseeds it for every batch
-        self.collate_generator = torch.Generator().manual_seed(0)
+        self._collator: Collator | None = None
         self._run_seed: int | None = None
 
     def adapt_backbone(self, lora: LoraSettings | None, gradient_checkpointing: bool, low_precision: bool) -> None:
@@ -225,9 +225,8 @@ class SentEmbMethod(LightningModule):
         """The backbone with this method's input format; plain `[CLS] s [SEP]` by default."""
         return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0)
 
-    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        """Training batch from tokenized examples (runs in DataLoader workers)."""
-        raise NotImplementedError
+    collator_class: type[Collator] = Collator
+    """The method's training views (`collator`)."""
 
     def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """(loss, extra values to log) from the sentence embeddings of a training batch's rows
@@ -282,17 +281,22 @@ class SentEmbMethod(LightningModule):
         """(loss, extra values to log) of one training batch embedded in one forward pass."""
         return self.sentence_loss(self.embed(batch["features"]), batch)
 
-    def add_mlm_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Attach corrupted copies of the training rows for the MLM auxiliary loss, when enabled."""
-        if self.hparams.mlm_weight > 0:
-            features = batch["features"]
-            ids, labels = mask_tokens(
-                features["input_ids"], features["attention_mask"], self.tokenizer,
-                self.hparams.mlm_probability, self.collate_generator,
-            )
-            batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels,
-                            "layout": features["layout"]}  # for a prefix's packed MLM forward
-        return batch
+    @property
+    def collator(self) -> Collator:
+        """What the training DataLoader runs to build batches (in its workers): a `collator_class` over
+        the encoder's input format and the hyper-parameters, never the module itself (see `Collator`)."""
+        if self._collator is None:
+            self._collator = self.collator_class(self.encoder.format, self.encoder.max_length, self.hparams)
+        return self._collator
+
+    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        """Training batch from tokenized examples (`collator`'s)."""
+        return self.collator(examples)
+
+    @property
+    def collate_generator(self) -> torch.Generator:
+        """What `collate` draws from (MLM masks, templates); the training loader reseeds it per batch."""
+        return self.collator.generator
 
     def mlm_weight_at(self, step: int) -> float:
         """Weight of the MLM loss at a global step (constant here; DCPCSE decays it)."""

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 
 from ..encoders.template import PromptInit, TemplateEncoder
-from .promptbert import PromptMethod
+from .promptbert import PromptMethod, TemplateViews
 
 # Table 1 of the paper. The PDF text garbles the quotes; they are written here as `"` around the
 # sentence, glued to it (see encoders.template on BPE tokenization).
@@ -42,6 +42,23 @@ NEGATIVE_TEMPLATES = (
 )
 
 Prototypes = Literal["both", "positive", "none"]
+
+
+class ConPVPViews(TemplateViews):
+    """The anchor under template 0, its positive prototype under a template drawn from the basic set
+    and (prototypes "both") its negative one under a template drawn from the opposite set."""
+
+    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        n = len(examples)
+        if self.hparams.prototypes == "none":
+            return self.views(examples, ["sent0", "sent0"], [[0] * n, [0] * n])
+        num_positive = len(self.hparams.positive_templates)
+        views = [[0] * n, (1 + torch.randint(num_positive, (n,), generator=self.generator)).tolist()]
+        if self.hparams.prototypes == "both":
+            first_negative = 1 + num_positive
+            negatives = torch.randint(len(self.hparams.negative_templates), (n,), generator=self.generator)
+            views.append((first_negative + negatives).tolist())
+        return self.views(examples, ["sent0"] * len(views), views)
 
 
 class ConPVP(PromptMethod):
@@ -70,6 +87,8 @@ class ConPVP(PromptMethod):
         **kwargs: see `PromptMethod` (denoising switches) and `SentEmbMethod`.
     """
 
+    collator_class = ConPVPViews
+
     def __init__(
         self,
         backbone: str,
@@ -91,15 +110,3 @@ class ConPVP(PromptMethod):
         anchor = h.anchor_template or "[X]" + " [P]" * h.prompt_length + " [MASK] ."
         templates = [anchor, *h.positive_templates, *h.negative_templates]
         return TemplateEncoder(h.backbone, templates, h.prompt_init)
-
-    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        n = len(examples)
-        if self.hparams.prototypes == "none":
-            return self.collate_views(examples, ["sent0", "sent0"], [[0] * n, [0] * n])
-        num_positive = len(self.hparams.positive_templates)
-        views = [[0] * n, (1 + torch.randint(num_positive, (n,), generator=self.collate_generator)).tolist()]
-        if self.hparams.prototypes == "both":
-            first_negative = 1 + num_positive
-            negatives = torch.randint(len(self.hparams.negative_templates), (n,), generator=self.collate_generator)
-            views.append((first_negative + negatives).tolist())
-        return self.collate_views(examples, ["sent0"] * len(views), views)

@@ -17,6 +17,7 @@ from torch import Tensor
 from ..backbones import BackboneFamily
 from ..encoders.template import TemplateEncoder
 from ..errors import SentEmbUserError
+from .collator import Collator
 from .simcse import SimCSE
 
 BERT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
@@ -38,6 +39,33 @@ def default_templates(family: BackboneFamily) -> tuple[str, ...]:
     if family.template_readout == "last":
         return PROMPTEOL_TEMPLATES
     return ROBERTA_TEMPLATES if family.name == "roberta" else BERT_TEMPLATES
+
+
+class TemplateViews(Collator):
+    """Views of sentences under templates, for the template methods' collators."""
+
+    def views(
+        self, examples: list[dict[str, list[int]]], columns: list[str], templates: list[Sequence[int]]
+    ) -> dict[str, Any]:
+        """Training batch in one forward: view v is column `columns[v]` of every example, example i
+        under template `templates[v][i]`; bias rows follow when `denoise_train`."""
+        rows = [example[column] for column in columns for example in examples]
+        row_templates = [t for view in templates for t in view]
+        features = self.format.build(rows, self.max_length, row_templates, self.hparams.denoise_train)
+        return {"features": features, "num_views": len(columns), "batch_size": len(examples)}
+
+
+class PromptBERTViews(TemplateViews):
+    """Unsupervised: the sentence under each of the two templates (twice under the one template when
+    only one is given); supervised: the NLI columns under template 0."""
+
+    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        n = len(examples)
+        if "sent1" in examples[0]:
+            columns = [c for c in ("sent0", "sent1", "hard_neg") if c in examples[0]]
+            return self.views(examples, columns, [[0] * n] * len(columns))
+        second = 1 if len(self.format.templates) > 1 else 0
+        return self.views(examples, ["sent0", "sent0"], [[0] * n, [second] * n])
 
 
 class PromptMethod(SimCSE):
@@ -81,16 +109,6 @@ class PromptMethod(SimCSE):
         if self.hparams.denoise_train is None:
             self.hparams.denoise_train = not self.family.causal
 
-    def collate_views(
-        self, examples: list[dict[str, list[int]]], columns: list[str], templates: list[Sequence[int]]
-    ) -> dict[str, Any]:
-        """Training batch in one forward: view v is column `columns[v]` of every example, example i
-        under template `templates[v][i]`; bias rows follow when `denoise_train`."""
-        rows = [example[column] for column in columns for example in examples]
-        row_templates = [t for view in templates for t in view]
-        features = self.encoder.format.build(rows, self.encoder.max_length, row_templates, self.hparams.denoise_train)
-        return {"features": features, "num_views": len(columns), "batch_size": len(examples)}
-
     def eval_denoise(self) -> bool:
         """The denoising switch of the running stage: validation (and its sanity check), else test."""
         trainer = self._trainer
@@ -126,6 +144,8 @@ class PromptBERT(PromptMethod):
         **kwargs: see `PromptMethod`.
     """
 
+    collator_class = PromptBERTViews
+
     def __init__(self, backbone: str, templates: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
 
@@ -133,10 +153,3 @@ class PromptBERT(PromptMethod):
         templates = self.hparams.templates or default_templates(self.family)
         return TemplateEncoder(self.hparams.backbone, templates)
 
-    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        n = len(examples)
-        if "sent1" in examples[0]:
-            columns = [c for c in ("sent0", "sent1", "hard_neg") if c in examples[0]]
-            return self.collate_views(examples, columns, [[0] * n] * len(columns))
-        second = 1 if len(self.encoder.format.templates) > 1 else 0
-        return self.collate_views(examples, ["sent0", "sent0"], [[0] * n, [second] * n])

@@ -9,6 +9,18 @@ from torch import Tensor
 from ..distributed import gather_with_grad, local_labels
 from ..losses.info_nce import InfoNCELoss
 from .base import SentEmbMethod
+from .collator import Collator
+
+
+class SimCSEViews(Collator):
+    """The sentence twice (dropout is the augmentation), or its NLI columns; MLM rows when enabled."""
+
+    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        columns = ["sent0", "sent1", "hard_neg"] if "sent1" in examples[0] else ["sent0", "sent0"]
+        columns = [c for c in columns if c in examples[0]]
+        rows = [example[column] for column in columns for example in examples]
+        batch = {"features": self.format.build(rows, max_length=None), "num_views": len(columns)}
+        return self.add_mlm_inputs(batch)
 
 
 class SimCSE(SentEmbMethod):
@@ -21,16 +33,11 @@ class SimCSE(SentEmbMethod):
         **kwargs: see `SentEmbMethod`.
     """
 
+    collator_class = SimCSEViews
+
     def __init__(self, backbone: str, hard_negative_weight: float = 0.0, **kwargs: Any) -> None:
         super().__init__(backbone, **kwargs)
         self.loss_fn = InfoNCELoss(self.hparams.temperature, hard_negative_weight)
-
-    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        columns = ["sent0", "sent1", "hard_neg"] if "sent1" in examples[0] else ["sent0", "sent0"]
-        columns = [c for c in columns if c in examples[0]]
-        rows = [example[column] for column in columns for example in examples]
-        batch = {"features": self.encoder.format.build(rows, max_length=None), "num_views": len(columns)}
-        return self.add_mlm_inputs(batch)
 
     def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         views = embeddings.unflatten(0, (batch["num_views"], -1))

@@ -267,6 +267,7 @@ def test_loss_runs_without_host_reads(monkeypatch: pytest.MonkeyPatch):
             loss_fn(anchors, positives, torch.arange(6), centroids, NEAREST, SECOND)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA for sync debug mode")
 def test_loss_runs_without_cuda_sync():
     anchors, positives, centroids = (t.float().cuda() for t in _inputs())

@@ -1,0 +1,825 @@
+"""`make gpu-check`: what one CUDA GPU proves about this package, within 8 minutes, as a Markdown and
+JSON report in a folder it names.
+
+    make gpu-check                       # installs the kit's wheels from $(GPU_KIT) first, when present
+    python3 benchmarks/gpu_check.py [--output DIR] [--budget 450]
+    python3 benchmarks/gpu_check.py --device cpu --smoke   # development: every part on tiny models, on CPU
+
+It needs no package index, no hub and no data: the models are built here with random weights
+(`random_models`), the sentences are synthetic. The parts, in this order, each in its own process
+under a time limit (one that fails, crashes or hangs is reported, and the others still run; the limits
+are capped so that the whole run stays within `--budget` seconds):
+
+1. CUDA tests: `pytest -m cuda` (the tests marked `cuda`), each with its outcome.
+2. Models: a bert-base (`BertConfig()`) and a Qwen2-0.5B-shaped decoder, random weights.
+3. One bf16-mixed training step (autocast, AdamW) of every method on each model: loss and weights finite.
+4. Equivalence: the padding-free forward against the padded one (`padding_free`), and gradient
+   caching (`grad_cache_chunk`) against the full batch: loss and gradient of one batch, dropout 0,
+   under bf16 autocast and in fp32 (TF32 off), within `TOLERANCES`.
+5. Throughput (sentences/s, MFU, peak memory) at batch 64, max length 32: SimCSE on bert-base (ours,
+   padding-free and padded; sentence-transformers' MultipleNegativesRankingLoss; transformers' own
+   padded forward with SDPA in a hand-written loop); PromptEOL with LoRA on the decoder; ClusterNS
+   before and after clustering starts, in a Lightning Trainer beside SimCSE; 4-bit PromptEOL when
+   bitsandbytes imports.
+6. DDP: one 2-process step on the one GPU with gloo (NCCL refuses two ranks on one device), through
+   Lightning's DDP strategy: losses finite, both ranks' weights equal after the step.
+
+What cannot run here is listed as skipped, with the reason. Without CUDA it prints one line and exits
+2; it exits 1 when a part failed, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
+
+# (part, its time limit in seconds on a GPU), in the order they run
+PARTS = [("cuda_tests", 100), ("models", 60), ("bf16_steps", 100), ("equivalence", 90), ("throughput_simcse", 80),
+         ("throughput_prompteol", 60), ("throughput_clusterns", 70), ("ddp", 80), ("throughput_4bit", 60)]
+SMOKE_SLOWDOWN = 6  # part limits on a CPU in --smoke mode
+REPORT_RESERVE_S = 5  # kept back from the budget to write the report
+# Relative tolerances of the equivalence checks: |Δloss| / max(1, |loss|) and ‖Δgradient‖ / ‖gradient‖.
+# bf16 keeps 8 significant bits (unit roundoff 2⁻⁹ ≈ 2e-3) and two exact paths round differently in every
+# layer; a real fault (a wrong mask, position or row) moves the loss by ≥ 0.1 and the gradient by O(1).
+# The fp32 rows (TF32 off) are the sharp check.
+TOLERANCES = {"bf16": {"loss": 5e-2, "gradient": 1.5e-1}, "fp32": {"loss": 1e-4, "gradient": 1e-3}}
+TITLES = {
+    "cuda_tests": "CUDA tests (`pytest -m cuda`)",
+    "models": "Models (random weights, built here)",
+    "bf16_steps": "One bf16-mixed training step per method",
+    "equivalence": "Equivalence of the fast paths on this device",
+    "throughput_simcse": "Throughput: SimCSE on bert-base",
+    "throughput_prompteol": "Throughput: PromptEOL with LoRA on the Qwen2-0.5B-shaped decoder",
+    "throughput_clusterns": "Throughput: ClusterNS before and after clustering starts (Lightning Trainer)",
+    "ddp": "DDP: 2 processes on the one GPU (gloo)",
+    "throughput_4bit": "Throughput: 4-bit (QLoRA) PromptEOL on the decoder",
+}
+DESCRIPTIONS = {
+    "equivalence": "Loss and gradient of one batch, dropout 0, the fast path against the plain one "
+                   "(same weights). Tolerances (relative): "
+                   + "; ".join(f"{p}: loss {t['loss']:g}, gradient {t['gradient']:g}" for p, t in TOLERANCES.items())
+                   + ". fp32 runs with TF32 off.",
+    "throughput_simcse": "Hand-written step loops (forward of both views, loss, backward, fused AdamW, bf16 "
+                         "autocast), median step after warm-up. MFU: useful FLOPs (6·N per real token plus "
+                         "attention over real tokens) against the GPU's dense bf16 peak. `ours ×`: our "
+                         "padding-free sentences/s over the row's.",
+    "throughput_prompteol": "PromptBERT with the PromptEOL templates on the decoder, LoRA r 64 / alpha 16 / "
+                            "dropout 0.05 on every linear layer (experiments/llm/prompteol_unsup.yaml). MFU counts "
+                            "4·N per token for the frozen base.",
+    "throughput_clusterns": "Median step in `Trainer.fit` (bf16-mixed), K-means callback included. Before: σ −1, "
+                            "the criterion never holds (both losses and the σ test every step); after: σ 1, "
+                            "clustering starts at the first step.",
+    "bf16_steps": "Each method at its defaults for the model's family, batch 32, one step: forward, loss, "
+                  "backward, fused AdamW step, all under bf16 autocast; ClusterNS with its centroids initialized.",
+    "ddp": "`DDPStrategy(parallel_devices=[device, device], process_group_backend='gloo')`, SimCSE on bert-base, "
+           "2 steps of 16 sentences per rank; the ranks' weights compared by a (sum, norm) per parameter.",
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    batch: int  # throughput
+    check_batch: int  # bf16 steps and equivalence
+    chunk: int  # gradient-cache rows per chunk
+    steps: int  # timed steps
+    warmup: int
+    ddp_batch: int  # per rank
+    lora_r: int
+
+
+FULL = Sizes(batch=64, check_batch=32, chunk=16, steps=20, warmup=5, ddp_batch=16, lora_r=64)
+SMOKE = Sizes(batch=8, check_batch=8, chunk=4, steps=2, warmup=1, ddp_batch=4, lora_r=8)
+
+
+class PartSkipped(Exception):
+    """The part cannot run here; the message says why."""
+
+
+def outcome(rows: list[dict[str, Any]], notes: list[str] | None = None) -> dict[str, Any]:
+    """A part's result from its rows: failed when a row's `result` starts with "fail"."""
+    failed = sum(str(row.get("result", "")).startswith("fail") for row in rows)
+    notes = list(notes or []) + ([f"{failed} of {len(rows)} rows failed"] if failed else [])
+    return {"status": "fail" if failed else "pass", "rows": rows, "notes": notes}
+
+
+def one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+# ----- the parts (each runs in a child process: `--part NAME`) ------------------------------------------
+class Context:
+    """What every part reads: device, sizes, the model folders, the sentences."""
+
+    def __init__(self, options: argparse.Namespace) -> None:
+        import torch
+
+        from gpu import BF16_PEAK_TFLOPS
+        from random_models import synthetic_sentences
+
+        self.device = torch.device("cuda", 0) if options.device == "cuda" else torch.device("cpu")
+        self.smoke = options.smoke
+        self.sizes = SMOKE if options.smoke else FULL
+        self.models = Path(options.models)
+        self.bert, self.decoder = str(self.models / "bert"), str(self.models / "qwen2")
+        self.sentences = synthetic_sentences(4 * self.sizes.batch)
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "CPU"
+        self.peak_tflops = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+        self.result_path = Path(options.result)
+
+    def need_models(self) -> None:
+        for folder in (self.bert, self.decoder):
+            if not (Path(folder) / "config.json").is_file():
+                raise PartSkipped("the models part did not build the models (see its row)")
+
+    def lora(self, dropout: float) -> dict[str, Any]:
+        return {"r": self.sizes.lora_r, "alpha": 16, "dropout": dropout, "target_modules": "all-linear"}
+
+    def mfu(self, flops: float, seconds: float) -> float:
+        return flops / seconds / (self.peak_tflops * 1e12) if self.peak_tflops else float("nan")
+
+    def free(self) -> None:
+        """Give the memory of the previous configuration back before the next one is built."""
+        import gc
+
+        import torch
+
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+
+def cuda_tests(ctx: Context) -> dict:
+    """The tests marked `cuda`, through pytest in this process, read back from its JUnit XML. Only the
+    files that mark one are collected: the others may import what this machine lacks."""
+    import xml.etree.ElementTree as ElementTree
+
+    import pytest
+
+    files = sorted(str(p) for p in (REPO / "tests").rglob("test_*.py") if "pytest.mark.cuda" in p.read_text("utf8"))
+    if not files:
+        raise PartSkipped("no test file marks a test with pytest.mark.cuda")
+    junit = ctx.result_path.with_suffix(".junit.xml")
+    code = pytest.main(["-m", "cuda", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", "--rootdir", str(REPO),
+                        *files])
+    rows = []
+    for case in ElementTree.parse(junit).iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = found.get("message", "")
+        rows.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                     "seconds": float(case.get("time") or 0),
+                     "message": message.splitlines()[0][:200] if message else ""})
+    if not rows:
+        raise PartSkipped(f"no test is marked cuda (pytest exit code {int(code)})")
+    bad = int(code) not in (0, 5) or any(r["outcome"] in ("failed", "error") for r in rows)
+    notes = [f"pytest exit code {int(code)}"] if bad else []
+    return {"status": "fail" if bad else "pass", "rows": rows, "notes": notes}
+
+
+def models(ctx: Context) -> dict:
+    """bert-base and the Qwen2-0.5B-shaped decoder (tiny ones in --smoke), random weights, into the
+    shared folder the other parts read."""
+    from random_models import BERT_BASE, QWEN2_05B, TINY_BERT, TINY_DECODER, random_bert, random_qwen2
+
+    shapes = {"bert": (random_bert, TINY_BERT if ctx.smoke else BERT_BASE, ctx.bert),
+              "qwen2": (random_qwen2, TINY_DECODER if ctx.smoke else QWEN2_05B, ctx.decoder)}
+    rows = []
+    for name, (build, sizes, folder) in shapes.items():
+        start = time.perf_counter()
+        build(folder, **sizes)
+        rows.append({"model": name, **model_shape(folder), "build seconds": time.perf_counter() - start})
+    return {"status": "pass", "rows": rows}
+
+
+def model_shape(folder: str) -> dict[str, Any]:
+    """Layers, width, heads and parameter counts of a model folder (from a meta-device instance)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(folder)
+    heads = config.num_attention_heads
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    return {"type": config.model_type, "layers": config.num_hidden_layers, "hidden": config.hidden_size,
+            "heads (kv)": f"{heads} ({getattr(config, 'num_key_value_heads', None) or heads})",
+            "parameters": sum(p.numel() for p in model.parameters()), "non-embedding": non_embedding_of(folder)}
+
+
+def non_embedding_of(folder: str) -> int:
+    """N of the MFU's 6·N: parameters outside the embedding tables and BERT's pooler, which no
+    implementation here computes (cls pooling reads the last hidden state)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from gpu import non_embedding_parameters
+
+    with torch.device("meta"):
+        model = AutoModel.from_config(AutoConfig.from_pretrained(folder))
+    pooler = getattr(model, "pooler", None)
+    return non_embedding_parameters(model) - (sum(p.numel() for p in pooler.parameters()) if pooler is not None else 0)
+
+
+def bf16_steps(ctx: Context) -> dict:
+    """One bf16 autocast step of each method on each model: loss and updated weights finite."""
+    import torch
+
+    from gpu import methods
+    from methods import prepare, train_step
+
+    from lightning_sentemb.backbones import UnsupportedBackbone
+
+    ctx.need_models()
+    rows = []
+    for model_name, backbone in (("bert-base", ctx.bert), ("Qwen2-0.5B-shaped", ctx.decoder)):
+        for name, build in methods(backbone, ctx.sizes.check_batch).items():
+            row: dict[str, Any] = {"model": model_name, "method": name}
+            try:
+                torch.manual_seed(0)
+                method = build().to(ctx.device)
+                batch, optimizer, clustering = prepare(method, ctx.sentences[: ctx.sizes.check_batch])
+                loss = float(train_step(method, batch, optimizer, clustering, bf16=True))
+                finite = all(bool(torch.isfinite(p).all()) for p in method.parameters() if p.requires_grad)
+                ok = math.isfinite(loss) and finite
+                row.update(loss=loss, result="pass" if ok else "fail: non-finite loss or weights")
+                if ctx.device.type == "cuda":
+                    row["peak MiB"] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
+            except UnsupportedBackbone as refusal:
+                row["result"] = f"skipped: {one_line(refusal)}"
+            except Exception as error:  # one method failing must not hide the others
+                row["result"] = f"fail: {one_line(error)}"
+            method = batch = optimizer = clustering = None
+            ctx.free()
+            rows.append(row)
+    return outcome(rows)
+
+
+def equivalence(ctx: Context) -> dict:
+    """Padding-free against padded forward, and gradient caching against the full batch, on one batch
+    with dropout 0, under bf16 autocast and in fp32: loss and gradient of every trainable parameter."""
+    import torch
+
+    from lightning_sentemb.methods import PromptBERT, SimCSE
+
+    ctx.need_models()
+    bert, decoder = ctx.bert, ctx.decoder
+    lora = ctx.lora(dropout=0.0)
+    packed = "padding-free vs padded", {"padding_free": True}, {"padding_free": False}
+    cached = f"grad cache (chunk {ctx.sizes.chunk}) vs full batch", {"grad_cache_chunk": ctx.sizes.chunk}, {}
+    cases: list[tuple[str, Callable[..., Any], tuple[str, dict, dict]]] = [
+        ("SimCSE, bert-base", lambda **kw: SimCSE(bert, dropout=0.0, **kw), packed),
+        ("PromptBERT, bert-base", lambda **kw: PromptBERT(bert, dropout=0.0, **kw), packed),
+        ("SimCSE (last token), decoder", lambda **kw: SimCSE(decoder, dropout=0.0, **kw), packed),
+        ("SimCSE, bert-base", lambda **kw: SimCSE(bert, dropout=0.0, **kw), cached),
+        ("PromptEOL + LoRA, decoder",
+         lambda **kw: PromptBERT(decoder, dropout=0.0, mlp="none", denoise_train=False, lora=lora, **kw), cached),
+    ]
+    torch.set_float32_matmul_precision("highest")  # TF32 off: the fp32 rows are fp32
+    rows = []
+    for precision in ("bf16", "fp32"):
+        for case, build, (comparison, fast, plain) in cases:
+            row: dict[str, Any] = {"case": case, "comparison": comparison, "precision": precision}
+            try:
+                loss_fast, grads_fast = loss_and_gradients(ctx, build, fast, precision)
+                loss_plain, grads_plain = loss_and_gradients(ctx, build, plain, precision)
+                loss_error = abs(loss_fast - loss_plain) / max(1.0, abs(loss_plain))
+                difference = sum(float((a - b).square().sum()) for a, b in zip(grads_fast, grads_plain, strict=True))
+                norm = sum(float(b.square().sum()) for b in grads_plain)
+                # both zero (every embedding identical: a degenerate random model) agree
+                gradient_error = math.sqrt(difference / norm) if norm > 0 else (0.0 if difference == 0 else math.inf)
+                tolerance = TOLERANCES[precision]
+                ok = loss_error <= tolerance["loss"] and gradient_error <= tolerance["gradient"]
+                row.update({"loss (fast)": loss_fast, "loss (plain)": loss_plain, "loss rel. error": loss_error,
+                            "gradient norm": math.sqrt(norm), "gradient rel. error": gradient_error,
+                            "result": "pass" if ok else "fail: beyond tolerance"})
+            except Exception as error:
+                row["result"] = f"fail: {one_line(error)}"
+            grads_fast = grads_plain = None
+            ctx.free()
+            rows.append(row)
+    return outcome(rows)
+
+
+def loss_and_gradients(ctx: Context, build: Callable[..., Any], switches: dict, precision: str) -> tuple[float, list]:
+    """Loss and the gradients (fp32, on the device) of one batch of `ctx.sentences`, the method built
+    from seed 0 with `switches`; by gradient caching when they set `grad_cache_chunk`."""
+    import torch
+
+    from methods import prepare
+
+    torch.manual_seed(0)
+    method = build(**switches).to(ctx.device)
+    batch, _, _ = prepare(method, ctx.sentences[: ctx.sizes.check_batch])
+    torch.manual_seed(0)
+    with torch.autocast(ctx.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        if switches.get("grad_cache_chunk"):
+            loss = method.grad_cache_backward(batch)[0]
+        else:
+            loss = method.step_loss(batch)[0]
+            loss.backward()
+    trainable = [p for p in method.parameters() if p.requires_grad]
+    grads = [p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32) for p in trainable]
+    return float(loss), grads
+
+
+def throughput_row(ctx: Context, case: str, implementation: str, forward: str, batch: int, seconds: float,
+                   peak_mib: float, flops: float) -> dict[str, Any]:
+    return {"case": case, "implementation": implementation, "forward": forward, "batch": batch,
+            "sentences/s": batch / seconds, "MFU": ctx.mfu(flops, seconds), "peak MiB": peak_mib}
+
+
+def attempt(rows: list[dict], label: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> None:
+    """Append `measure()`'s row, or a failed row labelled `label` (one failure does not end the part)."""
+    try:
+        rows.append(measure())
+    except Exception as error:
+        rows.append({**label, "result": f"fail: {one_line(error)}"})
+
+
+def time_method(ctx: Context, build: Callable[[], Any], case: str, implementation: str, forward: str,
+                non_embedding: int) -> dict[str, Any]:
+    """Our hand-loop step (`benchmarks/methods.train_step`, bf16 autocast) on `ctx.sizes.batch` sentences."""
+    import torch
+
+    from gpu import step_flops, timed
+    from methods import prepare, train_step
+
+    torch.manual_seed(0)
+    method = build().to(ctx.device)
+    batch, optimizer, clustering = prepare(method, ctx.sentences[: ctx.sizes.batch])
+    seconds, peak = timed(lambda: train_step(method, batch, optimizer, clustering, True), ctx.device,
+                          ctx.sizes.steps, ctx.sizes.warmup)
+    flops = step_flops(method.encoder.backbone.config, non_embedding, batch["features"]["attention_mask"],
+                       method.backbone_frozen, method.family.causal)
+    return throughput_row(ctx, case, implementation, forward, ctx.sizes.batch, seconds, peak, flops)
+
+
+def throughput_simcse(ctx: Context) -> dict:
+    """SimCSE on bert-base: ours (padding-free, padded), sentence-transformers, transformers + SDPA."""
+    from gpu import time_sentence_transformers
+
+    from lightning_sentemb.methods import SimCSE
+
+    ctx.need_models()
+    case, batch, n = "SimCSE, bert-base", ctx.sizes.batch, non_embedding_of(ctx.bert)
+    sentences = ctx.sentences[:batch]
+    rows: list[dict] = []
+    for padding_free in (True, False):
+        forward = "padding-free" if padding_free else "padded"
+        attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
+                lambda: time_method(ctx, lambda: SimCSE(ctx.bert, mlp="train", padding_free=padding_free), case,
+                                    "lightning_sentemb", forward, n))
+        ctx.free()
+
+    def sentence_transformers() -> dict:
+        seconds, peak, flops = time_sentence_transformers(ctx.bert, sentences, ctx.device, ctx.sizes.steps,
+                                                          ctx.sizes.warmup)
+        return throughput_row(ctx, case, "sentence-transformers (MNRL, scale 20)", "padded", batch, seconds, peak,
+                              flops)
+
+    attempt(rows, {"case": case, "implementation": "sentence-transformers", "forward": "padded"}, sentence_transformers)
+    ctx.free()
+    attempt(rows, {"case": case, "implementation": "transformers (SDPA), hand loop", "forward": "padded"},
+            lambda: time_transformers_sdpa(ctx, sentences, case, n))
+    ours = next((r["sentences/s"] for r in rows if r.get("forward") == "padding-free" and "sentences/s" in r), None)
+    for row in rows:
+        if ours and "sentences/s" in row:
+            row["ours ×"] = ours / row["sentences/s"]
+    return outcome(rows)
+
+
+def time_transformers_sdpa(ctx: Context, sentences: list[str], case: str, non_embedding: int) -> dict[str, Any]:
+    """transformers' padded forward (`attn_implementation="sdpa"`), cls pooling, the Linear+Tanh MLP and
+    InfoNCE (τ 0.05) over both dropout views in one forward, fused AdamW: SimCSE without this package."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from transformers import AutoModel, AutoTokenizer
+
+    from gpu import step_flops, timed
+
+    device = ctx.device
+    tokenizer = AutoTokenizer.from_pretrained(ctx.bert)
+    torch.manual_seed(0)
+    model = AutoModel.from_pretrained(ctx.bert, attn_implementation="sdpa", add_pooling_layer=False).to(device).train()
+    hidden = model.config.hidden_size
+    mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()).to(device)
+    optimizer = torch.optim.AdamW([*model.parameters(), *mlp.parameters()], lr=3e-5, fused=True)
+    features = tokenizer(sentences, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    rows = {k: torch.cat([v, v]).to(device) for k, v in features.items()}  # view 1, then view 2
+    labels = torch.arange(len(sentences), device=device)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            pooled = mlp(model(**rows).last_hidden_state[:, 0])
+        anchors, positives = F.normalize(pooled.float(), dim=-1).chunk(2)
+        loss = F.cross_entropy(anchors @ positives.T / 0.05, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    seconds, peak = timed(step, device, ctx.sizes.steps, ctx.sizes.warmup)
+    flops = step_flops(model.config, non_embedding, rows["attention_mask"])
+    return throughput_row(ctx, case, "transformers (SDPA), hand loop", "padded", len(sentences), seconds, peak, flops)
+
+
+def prompteol(ctx: Context, **switches: Any):
+    """PromptEOL's unsupervised setting (experiments/llm/prompteol_unsup.yaml) on the decoder."""
+    from lightning_sentemb.methods import PromptBERT
+
+    return PromptBERT(ctx.decoder, mlp="none", denoise_train=False, lora=ctx.lora(dropout=0.05), **switches)
+
+
+def throughput_prompteol(ctx: Context) -> dict:
+    ctx.need_models()
+    case, n = "PromptEOL + LoRA, Qwen2-0.5B-shaped", non_embedding_of(ctx.decoder)
+    rows: list[dict] = []
+    for padding_free in (True, False):
+        forward = "padding-free" if padding_free else "padded"
+        attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
+                lambda: time_method(ctx, lambda: prompteol(ctx, padding_free=padding_free), case, "lightning_sentemb",
+                                    forward, n))
+        ctx.free()
+    return outcome(rows)
+
+
+def throughput_4bit(ctx: Context) -> dict:
+    try:
+        import bitsandbytes  # noqa: F401
+    except Exception as error:
+        raise PartSkipped(f"bitsandbytes does not import ({one_line(error)}); the GPU kit does not carry it") from None
+    if ctx.device.type != "cuda":
+        raise PartSkipped("4-bit weights need a CUDA GPU")
+    ctx.need_models()
+    case, n = "PromptEOL + QLoRA (4-bit NF4 base), Qwen2-0.5B-shaped", non_embedding_of(ctx.decoder)
+    rows: list[dict] = []
+    attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": "padding-free"},
+            lambda: time_method(ctx, lambda: prompteol(ctx, load_in_4bit=True), case, "lightning_sentemb",
+                                "padding-free", n))
+    return outcome(rows)
+
+
+def trainer_options(ctx: Context, folder: str, steps: int) -> dict[str, Any]:
+    """A bare bf16-mixed Trainer: no logger, checkpoint, progress bar or validation."""
+    return {"accelerator": ctx.device.type, "precision": "bf16-mixed", "max_steps": steps, "logger": False,
+            "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+            "limit_val_batches": 0, "num_sanity_val_steps": 0, "log_every_n_steps": 1, "default_root_dir": folder}
+
+
+def training_examples(method, sentences: list[str], count: int) -> list[dict[str, list[int]]]:
+    """`count` tokenized examples cycling over `sentences`, cut to 32 tokens with the special ones, as the
+    DataModule's `max_seq_len 32` cuts them."""
+    budget = 32 - method.encoder.format.num_special_tokens
+    ids = [row[:budget] for row in method.tokenizer(sentences, add_special_tokens=False)["input_ids"]]
+    return [{"sent0": ids[i % len(ids)]} for i in range(count)]
+
+
+def throughput_clusterns(ctx: Context) -> dict:
+    """SimCSE, ClusterNS before clustering (σ −1) and after it started (σ 1), in `Trainer.fit`."""
+    import torch
+    from lightning.pytorch import Callback, Trainer
+    from torch.utils.data import DataLoader
+
+    from gpu import step_flops, synchronize
+
+    from lightning_sentemb.methods import ClusterNS, SimCSE
+
+    ctx.need_models()
+    batch, steps, warmup, n = ctx.sizes.batch, ctx.sizes.steps, ctx.sizes.warmup, non_embedding_of(ctx.bert)
+    k = min(16, batch)
+
+    class StepStarts(Callback):
+        """Wall clock at each step's start (and at the end), the device drained: step-to-step
+        intervals, so every hook (the K-means callback too) is inside one."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            synchronize(ctx.device)
+            self.times.append(time.perf_counter())
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            synchronize(ctx.device)
+            self.times.append(time.perf_counter())
+
+    configurations = {
+        "SimCSE": lambda: SimCSE(ctx.bert, mlp="train"),
+        f"ClusterNS (K {k}), before clustering": lambda: ClusterNS(ctx.bert, mlp="train", num_clusters=k, sigma=-1.0),
+        f"ClusterNS (K {k}), after clustering started": lambda: ClusterNS(ctx.bert, mlp="train", num_clusters=k,
+                                                                           sigma=1.0),
+    }
+    rows: list[dict] = []
+    for name, build in configurations.items():
+
+        def measure() -> dict[str, Any]:
+            torch.manual_seed(0)
+            method = build()
+            examples = training_examples(method, ctx.sentences[:batch], batch * (steps + warmup))
+            timer = StepStarts()
+            with tempfile.TemporaryDirectory() as folder:
+                if ctx.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(ctx.device)
+                trainer = Trainer(devices=1, callbacks=[timer], **trainer_options(ctx, folder, steps + warmup))
+                trainer.fit(method, DataLoader(examples, batch_size=batch, collate_fn=method.collator, drop_last=True))
+            peak = torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.device.type == "cuda" else float("nan")
+            intervals = [b - a for a, b in zip(timer.times, timer.times[1:])][warmup:]
+            seconds = statistics.median(intervals)
+            mask = method.collate(examples[:batch])["features"]["attention_mask"]
+            flops = step_flops(method.encoder.backbone.config, n, mask)
+            row = throughput_row(ctx, "bert-base, Trainer.fit", name, "padding-free", batch, seconds, peak, flops)
+            state = getattr(method, "cluster_state", None)
+            if state is not None:
+                state.refresh_host_view()
+                row["clustering started"] = state.is_initialized
+            return row
+
+        attempt(rows, {"case": "bert-base, Trainer.fit", "implementation": name}, measure)
+        ctx.free()
+    simcse = next((r["sentences/s"] for r in rows if r["implementation"] == "SimCSE" and "sentences/s" in r), None)
+    for row in rows:
+        if simcse and "sentences/s" in row:
+            row["× SimCSE"] = row["sentences/s"] / simcse
+    expected = {f"ClusterNS (K {k}), before clustering": False, f"ClusterNS (K {k}), after clustering started": True}
+    for row in rows:
+        if "clustering started" in row and row["clustering started"] != expected[row["implementation"]]:
+            row["result"] = "fail: clustering in the wrong phase"
+    return outcome(rows)
+
+
+def ddp(ctx: Context) -> dict | None:
+    """Two ranks on the one device, gloo, through Lightning's DDP strategy (which relaunches this
+    command for rank 1): SimCSE on bert-base, 2 steps; losses finite and the ranks' weights equal."""
+    import torch
+    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.utils.data import DataLoader
+
+    from lightning_sentemb.methods import SimCSE
+
+    ctx.need_models()
+    steps, world = 2, 2
+
+    class RankAgreement(Callback):
+        """Each rank's losses and a per-parameter (sum, norm) summary of its weights after the last
+        step, all-gathered on the CPU (gloo)."""
+
+        def __init__(self) -> None:
+            self.losses: list = []
+            self.gathered = None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.losses.append(outputs["loss"].detach().float())
+
+        def on_train_end(self, trainer, pl_module) -> None:
+            weights = [p.detach().double() for p in pl_module.parameters() if p.requires_grad]
+            summary = torch.stack([torch.stack([w.sum(), w.norm()]) for w in weights]).flatten().cpu()
+            losses = torch.stack(self.losses).double().cpu()
+            self.gathered = trainer.strategy.all_gather(torch.cat([losses, summary])).cpu()
+
+    torch.manual_seed(0)
+    method = SimCSE(ctx.bert, mlp="train")
+    agreement = RankAgreement()
+    examples = training_examples(method, ctx.sentences, world * steps * ctx.sizes.ddp_batch)
+    strategy = DDPStrategy(parallel_devices=[ctx.device] * world, process_group_backend="gloo")
+    with tempfile.TemporaryDirectory() as folder:
+        trainer = Trainer(strategy=strategy, callbacks=[agreement], **trainer_options(ctx, folder, steps))
+        start = time.perf_counter()
+        trainer.fit(method, DataLoader(examples, batch_size=ctx.sizes.ddp_batch, collate_fn=method.collator,
+                                       drop_last=True))
+        seconds = time.perf_counter() - start
+    if trainer.global_rank != 0:
+        return None  # rank 0 reports
+    losses, summaries = agreement.gathered[:, :steps], agreement.gathered[:, steps:]
+    spread = float((summaries - summaries[0]).abs().max())
+    finite = bool(torch.isfinite(losses).all())
+    rows = [{"rank": rank, "device": str(ctx.device), "backend": "gloo", "steps": trainer.global_step,
+             "batch per rank": ctx.sizes.ddp_batch, "losses": ", ".join(f"{x:.4f}" for x in losses[rank].tolist())}
+            for rank in range(world)]
+    rows[0].update({"weight summaries: largest difference to rank 0": spread, "fit seconds": seconds})
+    ok = finite and spread == 0.0 and trainer.world_size == world
+    return {"status": "pass" if ok else "fail", "rows": rows,
+            "notes": [] if ok else [f"world size {trainer.world_size}, losses finite {finite}, "
+                                    f"weight spread {spread:g}"]}
+
+
+PART_FUNCTIONS: dict[str, Callable[[Context], dict | None]] = {
+    "cuda_tests": cuda_tests, "models": models, "bf16_steps": bf16_steps, "equivalence": equivalence,
+    "throughput_simcse": throughput_simcse, "throughput_prompteol": throughput_prompteol,
+    "throughput_clusterns": throughput_clusterns, "ddp": ddp, "throughput_4bit": throughput_4bit,
+}
+
+
+def run_child(options: argparse.Namespace) -> None:
+    """One part, its result written as JSON to `--result` (nothing from a DDP rank other than 0)."""
+    from lightning_sentemb.atomic_io import atomic_write_json
+
+    try:
+        result = PART_FUNCTIONS[options.part](Context(options))
+    except PartSkipped as skip:
+        result = {"status": "skipped", "notes": [str(skip)]}
+    except Exception as error:
+        traceback.print_exc()
+        result = {"status": "fail", "notes": [one_line(error)]}
+    if result is not None:
+        atomic_write_json(options.result, result)
+
+
+# ----- the parent: runs the parts, writes the report ---------------------------------------------------
+def child_environment() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{path}" if path else str(REPO),
+            "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def run_part(name: str, limit: float, options: argparse.Namespace, folder: Path, models_folder: Path) -> dict:
+    """Run one part in a child process group, killed (with anything it started) at `limit` seconds."""
+    result_path, log_path = folder / "parts" / f"{name}.json", folder / "logs" / f"{name}.log"
+    command = [sys.executable, str(Path(__file__).resolve()), "--part", name, "--device", options.device,
+               "--models", str(models_folder), "--result", str(result_path)] + (["--smoke"] if options.smoke else [])
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf8") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_environment(),
+                                 cwd=REPO, start_new_session=True)
+        try:
+            code = child.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code = None
+    seconds = time.perf_counter() - start
+    if result_path.is_file():
+        result = json.loads(result_path.read_text(encoding="utf8"))
+    elif code is None:
+        result = {"status": "fail", "notes": [f"killed at its time limit ({limit:.0f} s); see {log_path.name}"]}
+    else:
+        result = {"status": "fail", "notes": [f"exited with code {code} and no result: {last_line(log_path)}"]}
+    return {**result, "seconds": seconds, "log": str(log_path.relative_to(folder))}
+
+
+def last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(encoding="utf8", errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def environment(device: str) -> list[dict[str, str]]:
+    """The device and the versions of what the parts import (or why it is missing)."""
+    from importlib import metadata
+
+    import torch
+
+    rows = [{"what": "device", "value": torch.cuda.get_device_name(0) if device == "cuda" else "CPU"},
+            {"what": "torch / CUDA", "value": f"{torch.__version__} / {torch.version.cuda}"},
+            {"what": "bf16 supported", "value": str(device == "cuda" and torch.cuda.is_bf16_supported())},
+            {"what": "python", "value": sys.version.split()[0]}]
+    for package in ("lightning", "transformers", "peft", "accelerate", "sentence-transformers", "datasets",
+                    "faiss-cpu", "faiss-gpu-cu12", "bitsandbytes", "wandb"):
+        try:
+            version = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            version = "not installed"
+        rows.append({"what": package, "value": version})
+    return rows
+
+
+def never_run(device: str, env: list[dict[str, str]]) -> list[dict[str, str]]:
+    """What this check cannot exercise on one machine, with the reason."""
+    versions = {row["what"]: row["value"] for row in env}
+    rows = [{"what": "NCCL DDP across GPUs, multi-node (SLURM)", "why": "one GPU: DDP runs 2 ranks on it with gloo"},
+            {"what": "FSDP", "why": "one GPU: sharding a model over one device exercises nothing"},
+            {"what": "torch.compile of the padding-free layer (compile_layers)",
+             "why": "compiling takes minutes, beyond the 8-minute budget"}]
+    if versions.get("wandb") == "not installed":
+        rows.append({"what": "wandb logging", "why": "wandb is not installed (WANDB_MODE=disabled)"})
+    if versions.get("faiss-gpu-cu12") == "not installed":
+        rows.append({"what": "faiss on the GPU", "why": "only a CPU faiss is installed"})
+    if device != "cuda":
+        rows.append({"what": "everything CUDA-specific", "why": "--device cpu (development mode)"})
+    return rows
+
+
+def format_value(key: str, value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        if key == "MFU":
+            return f"{value:.1%}"
+        if key.endswith("×") or key.startswith("×"):
+            return f"{value:.2f}×"
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> list[str]:
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(format_value(c, c) for c in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(format_value(c, row[c]) if c in row else "" for c in columns) + " |" for row in rows]
+    return lines
+
+
+def write_report(folder: Path, header: dict[str, Any], env: list[dict], results: dict[str, dict],
+                 skipped: list[dict]) -> Path:
+    from lightning_sentemb.atomic_io import atomic_write_json, atomic_write_text
+
+    counts = {status: sum(r["status"] == status for r in results.values()) for status in ("pass", "fail", "skipped")}
+    lines = [f"# gpu-check: {header['device']}, {header['started']}", "",
+             f"{len(results)} parts: {counts['pass']} passed, {counts['fail']} failed, {counts['skipped']} skipped, "
+             f"in {header['seconds']:.0f} s (budget {header['budget_s']:.0f} s). `{header['command']}`", "",
+             "| part | status | seconds | note |", "|---|---|---|---|"]
+    for name, result in results.items():
+        note = "; ".join(result.get("notes", []))
+        lines.append(f"| {TITLES[name]} | {result['status']} | {result['seconds']:.0f} "
+                     f"| {format_value('note', note)} |")
+    lines += ["", "## Environment", "", *markdown_table(env)]
+    for name, result in results.items():
+        lines += ["", f"## {TITLES[name]}: {result['status']}", ""]
+        if name in DESCRIPTIONS:
+            lines += [DESCRIPTIONS[name], ""]
+        lines += [f"- {note}" for note in result.get("notes", [])]
+        if result.get("rows"):
+            lines += ["", *markdown_table(result["rows"])] if result.get("notes") else markdown_table(result["rows"])
+        lines += ["", f"Log: `{result['log']}`"]
+    lines += ["", "## Skipped: what this check cannot run here", "", *markdown_table(skipped), ""]
+    report = folder / "report.md"
+    atomic_write_text(report, "\n".join(lines))
+    atomic_write_json(folder / "report.json", {**header, "environment": env, "parts": results, "skipped": skipped})
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", help="report folder (default out/gpu-check/<UTC time>)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds for all the parts (default 450 on a GPU, 1800 with --smoke)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--part", choices=list(PART_FUNCTIONS), help=argparse.SUPPRESS)
+    parser.add_argument("--models", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.part:
+        run_child(options)
+        return
+    try:
+        import torch
+    except ImportError as error:
+        print(f"gpu-check: {sys.executable} cannot import torch ({error}); nothing checked")
+        raise SystemExit(2) from None
+    if options.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); run it on a CUDA machine "
+              "(docs/benchmarks.md)")
+        raise SystemExit(2)
+    started = datetime.now(timezone.utc)
+    folder = Path(options.output or REPO / "out" / "gpu-check" / started.strftime("%Y%m%d-%H%M%S")).resolve()
+    for sub in ("parts", "logs"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    print(f"gpu-check: writing to {folder}", flush=True)
+    budget = options.budget or (1800.0 if options.smoke else 450.0)
+    deadline = time.monotonic() + budget
+    env = environment(options.device)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-check-models-") as models_folder:
+        for name, limit in PARTS:
+            limit *= SMOKE_SLOWDOWN if options.smoke else 1
+            limit = min(limit, deadline - time.monotonic() - REPORT_RESERVE_S)
+            if limit < 10:
+                results[name] = {"status": "skipped", "notes": ["the time budget (--budget) is spent"], "seconds": 0.0,
+                                 "log": "-"}
+            else:
+                results[name] = run_part(name, limit, options, folder, Path(models_folder))
+            print(f"gpu-check: {name}: {results[name]['status']} ({results[name]['seconds']:.0f} s)", flush=True)
+    header = {"device": env[0]["value"], "started": started.strftime("%Y-%m-%d %H:%M UTC"),
+              "seconds": budget - (deadline - time.monotonic()), "budget_s": budget,
+              "command": " ".join([Path(sys.executable).name, *sys.argv]), "smoke": options.smoke}
+    report = write_report(folder, header, env, results, never_run(options.device, env))
+    failed = [name for name, result in results.items() if result["status"] == "fail"]
+    print(f"gpu-check: report {report} ({len(failed)} part(s) failed{': ' + ', '.join(failed) if failed else ''})")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The training batch builder a method hands to its DataLoader.
+
+A `spawn` or `forkserver` worker start (forkserver is Python 3.14's default on Linux) pickles the
+DataLoader's `collate_fn` into every worker. A method's bound `collate` would carry the whole
+LightningModule, backbone weights included, into each of them; a `Collator` holds only what
+building a batch reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.fabric.utilities.data import AttributeDict
+
+from ..encoders.plain import PlainFormat
+from ..losses.mlm import mask_tokens
+
+
+class Collator:
+    """Training batches from tokenized examples, built in the DataLoader's workers.
+
+    Holds the encoder's input format (tokenizer, templates), the longest row it takes, the method's
+    hyper-parameters and `generator`, the source of every random draw (MLM masks, sampled templates),
+    which the training loader reseeds for each batch (`data.datamodule.SeededCollate`) so the draws
+    repeat after a resume whatever the number of workers. A method's subclass contributes its views
+    (`__call__`).
+    """
+
+    def __init__(self, format: PlainFormat, max_length: int, hparams: AttributeDict) -> None:
+        self.format = format
+        self.max_length = max_length
+        self.hparams = hparams
+        self.generator = torch.Generator().manual_seed(0)
+
+    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
+        """The batch: `features` (the rows of every view, view after view), `num_views`, and what the
+        method's loss reads."""
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The generator's state as bytes: a `torch.Generator` (torch 2.13) pickles its state as a
+        temporary tensor, which a spawned worker then fails to map from shared memory."""
+        return {**self.__dict__, "generator": self.generator.get_state().numpy().tobytes()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.generator = torch.Generator()
+        self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
+
+    def add_mlm_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Attach corrupted copies of the training rows for the MLM auxiliary loss, when enabled."""
+        if self.hparams.mlm_weight > 0:
+            features = batch["features"]
+            ids, labels = mask_tokens(
+                features["input_ids"], features["attention_mask"], self.format.tokenizer,
+                self.hparams.mlm_probability, self.generator,
+            )
+            batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels,
+                            "layout": features["layout"]}  # for a prefix's packed MLM forward
+        return batch

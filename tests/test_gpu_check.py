@@ -1,0 +1,62 @@
+"""`make gpu-check` (benchmarks/gpu_check.py): one line and exit 2 without CUDA; its development mode
+(`--device cpu --smoke`) runs every part end to end on tiny models and writes the whole report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+
+
+def no_cuda_environment() -> dict[str, str]:
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "disabled"}
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
+    direct = subprocess.run([sys.executable, str(SCRIPT), "--output", str(tmp_path / "report")], cwd=REPO,
+                            env=no_cuda_environment(), capture_output=True, text=True, timeout=300)
+    assert direct.returncode == 2, direct.stderr[-2000:]
+    assert direct.stdout.splitlines() == [direct.stdout.strip()] and "no CUDA device" in direct.stdout
+    assert not (tmp_path / "report").exists()
+    # through make (which reports any failing recipe as its own exit status 2): the same one line
+    made = subprocess.run(["make", "-s", "gpu-check", f"GPU_PYTHON={sys.executable}", f"GPU_KIT={tmp_path / 'no-kit'}"],
+                          cwd=REPO, env=no_cuda_environment(), capture_output=True, text=True, timeout=300)
+    assert made.returncode == 2 and made.stdout == direct.stdout
+
+
+@pytest.mark.slow
+def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path):
+    folder = tmp_path / "report"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--smoke", "--output", str(folder)],
+                          cwd=REPO, env=no_cuda_environment(), capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"writing to {folder}" in done.stdout.splitlines()[0]
+    report = json.loads((folder / "report.json").read_text())
+    parts = report["parts"]
+    statuses = {name: part["status"] for name, part in parts.items()}
+    assert statuses == {"cuda_tests": "pass", "models": "pass", "bf16_steps": "pass", "equivalence": "pass",
+                        "throughput_simcse": "pass", "throughput_prompteol": "pass", "throughput_clusterns": "pass",
+                        "ddp": "pass", "throughput_4bit": "skipped"}
+    # the CUDA tests were collected and skipped on this CPU
+    assert parts["cuda_tests"]["rows"] and {row["outcome"] for row in parts["cuda_tests"]["rows"]} == {"skipped"}
+    steps = parts["bf16_steps"]["rows"]
+    assert len(steps) == 10 and all(row["result"] == "pass" for row in steps)
+    assert {row["precision"] for row in parts["equivalence"]["rows"]} == {"bf16", "fp32"}
+    implementations = [row["implementation"] for row in parts["throughput_simcse"]["rows"]]
+    assert len(implementations) == 4 and all(row["sentences/s"] > 0 for row in parts["throughput_simcse"]["rows"])
+    phases = [row.get("clustering started") for row in parts["throughput_clusterns"]["rows"]]
+    assert phases == [None, False, True]
+    assert [row["rank"] for row in parts["ddp"]["rows"]] == [0, 1]
+    assert "bitsandbytes" in parts["throughput_4bit"]["notes"][0]
+    markdown = (folder / "report.md").read_text()
+    for heading in ("## Environment", "## CUDA tests", "## One bf16-mixed training step", "## Equivalence",
+                    "## Throughput: SimCSE", "## Throughput: PromptEOL", "## Throughput: ClusterNS", "## DDP",
+                    "## Throughput: 4-bit", "## Skipped"):
+        assert heading in markdown
