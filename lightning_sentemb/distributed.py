@@ -32,6 +32,20 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
     return torch.cat(dist_fn.all_gather(tensor.contiguous()), dim=0)
 
 
+def gather_strided_rows(share: Tensor, total: int) -> Tensor:
+    """The (total, ...) rows of which each rank holds every world_size-th, starting at its rank
+    (`rows[rank::world_size]`), assembled on every rank in their order. The shares differ by at most one
+    row: each is padded to the largest for the all-gather (on the share's device, as the backend needs)."""
+    _, size = world()
+    longest = -(-total // size)
+    padded = share.new_zeros(longest, *share.shape[1:])
+    padded[: len(share)] = share
+    gathered = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(gathered, padded)
+    # row i is rank i % size's row i // size: interleave the shares, then drop the padding at the end
+    return torch.stack(gathered, dim=1).flatten(0, 1)[:total]
+
+
 def local_labels(local_batch: int, device: torch.device) -> Tensor:
     """Column of each local anchor's positive inside the gathered global batch."""
     rank, _ = world()

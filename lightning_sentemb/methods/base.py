@@ -14,6 +14,7 @@ import json
 import math
 import os
 import random
+import tempfile
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -32,6 +33,7 @@ from transformers.utils import cached_file
 from ..backbones import UnsupportedBackbone, family_of, with_dropout
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
+from ..distributed import gather_strided_rows, world
 from ..encoders.lora import LoraSettings, add_lora, peft_base_reference
 from ..encoders.memory import DTYPES, BackboneDtype, enable_gradient_checkpointing, from_pretrained_options
 from ..encoders.plain import POOLERS, Encoder, backbone_loading
@@ -427,19 +429,40 @@ class SentEmbMethod(LightningModule):
         autocast per `eval_precision`. Every evaluator calls this.
         """
         batch_size = batch_size or self.hparams.eval_batch_size
+        if not sentences:  # a rank's empty share in `encode_across_ranks`
+            return torch.empty(0, self.output_size, dtype=torch.float32)
         was_training = self.training
         self.eval()
         sentence_ids = self.encoder.format.sentence_ids(sentences)
         order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
-        out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
+        # rows in `order`, copied batch by batch without waiting for the device (pinned memory on a GPU)
+        in_order = torch.empty(len(sentences), self.output_size, dtype=torch.float32,
+                               pin_memory=self.device.type == "cuda")
         with self.eval_autocast():
             for start in tqdm(range(0, len(sentences), batch_size), desc=label, disable=not show):
                 rows = order[start : start + batch_size]
                 features = self.features_from_ids([sentence_ids[i] for i in rows])
-                out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()
+                in_order[start : start + len(rows)].copy_(self.embed_features(features).float(), non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the one wait: every copy has landed
         self.train(was_training)
+        out = torch.empty_like(in_order, pin_memory=False)
+        out[torch.from_numpy(order.copy())] = in_order
         return out
+
+    def encode_across_ranks(
+        self, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+        label: str = "encode",
+    ) -> Tensor:
+        """`encode` with the work shared by every rank of the process group: each encodes every
+        world_size-th sentence and all get the whole (n, hidden) matrix, in the input order. Every rank
+        must call it with the same sentences. One process: exactly `encode`."""
+        rank, world_size = world()
+        if world_size == 1:
+            return self.encode(sentences, batch_size, show_progress, label)
+        share = self.encode(sentences[rank::world_size], batch_size, show_progress if rank == 0 else False, label)
+        return gather_strided_rows(share.to(self.device), len(sentences)).cpu()
 
     def eval_autocast(self) -> torch.autocast:
         """`eval_precision`'s autocast; with a bf16/fp16 backbone, autocast to its dtype (its fp32 heads
@@ -482,19 +505,23 @@ class SentEmbMethod(LightningModule):
         return list(datamodule.val_tasks if stage == "val" else datamodule.test_tasks)
 
     def _run_extra_evaluators(self, stage: str) -> None:
-        """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`):
-        run on rank 0 with `encode`, logged straight to the loggers, other ranks wait."""
+        """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
+        rank: each encodes its share of the sentences (`encode_across_ranks`), and every rank scores the
+        gathered embeddings itself, so no rank waits on another's long work (a collective pending through
+        minutes of scoring could outlast the process group's timeout). The scoring is deterministic and
+        its inputs identical on every rank: so are the results, which rank 0 logs (and plots)."""
         datamodule = self.trainer.datamodule
         names = list(getattr(datamodule, f"{stage}_evaluators", ()))
         if not names:
             return
+        figures = Path(self.trainer.default_root_dir) / "figures" / f"{stage}-step{self.global_step}"
+        with nullcontext(figures) if self.trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
+            results = evaluate_suite(self.encode_across_ranks, names, datamodule.data_dir, figure_dir,
+                                     name=type(self).__name__)
+        metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
         if self.trainer.is_global_zero:
-            figures = Path(self.trainer.default_root_dir) / "figures" / f"{stage}-step{self.global_step}"
-            results = evaluate_suite(self.encode, names, datamodule.data_dir, figures, name=type(self).__name__)
-            metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=self.global_step)
-        self.trainer.strategy.barrier()
 
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:
