@@ -6,7 +6,6 @@ gradient checkpointing."""
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any, Literal
 
 import torch
@@ -20,17 +19,24 @@ BackboneDtype = Literal["fp32", "bf16", "fp16"]
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def from_pretrained_options(backbone_dtype: BackboneDtype, load_in_4bit: bool) -> dict[str, Any]:
+def from_pretrained_options(
+    backbone_dtype: BackboneDtype, load_in_4bit: bool, device: torch.device | None = None
+) -> dict[str, Any]:
     """`from_pretrained` keyword arguments for the backbone's weights; 4-bit without a GPU or without
     bitsandbytes is one line saying so.
 
+    `device`: where the weights load, straight from the checkpoint files (`device_map`); a method passes
+    its rank's device (Lightning's root device, numbered by Lightning's local rank under torchrun and
+    SLURM alike). None: the CPU, or for 4-bit the current CUDA device.
+
     4-bit: linear layers in NF4 with double quantization, computed in `backbone_dtype` (the reference
-    computes in fp32: `backbone_dtype: fp32`), the other weights (embeddings, norms) in `backbone_dtype`.
-    Each process places the model on its own GPU (`LOCAL_RANK`), as DDP launchers number them."""
+    computes in fp32: `backbone_dtype: fp32`), the other weights (embeddings, norms) in `backbone_dtype`."""
     if backbone_dtype not in DTYPES:
         raise SentEmbUserError(f"model.init_args.backbone_dtype must be one of {', '.join(DTYPES)}, "
                                f"got {backbone_dtype!r}")
     options: dict[str, Any] = {"dtype": DTYPES[backbone_dtype]}
+    if device is not None:
+        options["device_map"] = {"": device}
     if not load_in_4bit:
         return options
     if not torch.cuda.is_available():
@@ -45,7 +51,7 @@ def from_pretrained_options(backbone_dtype: BackboneDtype, load_in_4bit: bool) -
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=DTYPES[backbone_dtype],
     )
-    options["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}
+    options.setdefault("device_map", {"": torch.device("cuda", torch.cuda.current_device())})
     return options
 
 

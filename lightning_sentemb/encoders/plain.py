@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
@@ -131,16 +131,32 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
 # the encoders built in `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no
 # method passes them on.
 _BACKBONE_OPTIONS: ContextVar[dict[str, Any]] = ContextVar("backbone_options", default={})
+_DEFER_WEIGHTS: ContextVar[bool] = ContextVar("defer_weights", default=False)
+# what `from_pretrained` takes beyond the config's own fields (which it sets on the config)
+_LOADING_OPTIONS = ("dtype", "quantization_config", "device_map", "attn_implementation")
 
 
 @contextmanager
-def backbone_loading(**options: Any) -> Iterator[None]:
-    """Encoders built inside load their backbone with `from_pretrained(..., **options)`."""
-    token = _BACKBONE_OPTIONS.set(options)
+def backbone_loading(defer_weights: bool = False, **options: Any) -> Iterator[None]:
+    """Encoders built inside load their backbone with `from_pretrained(..., **options)`; with
+    `defer_weights`, they build its skeleton on the meta device instead (the same architecture and
+    config, no memory, nothing read), and `Encoder.load_backbone` loads it later."""
+    tokens = _BACKBONE_OPTIONS.set(options), _DEFER_WEIGHTS.set(defer_weights)
     try:
         yield
     finally:
-        _BACKBONE_OPTIONS.reset(token)
+        _BACKBONE_OPTIONS.reset(tokens[0])
+        _DEFER_WEIGHTS.reset(tokens[1])
+
+
+def backbone_skeleton(auto_class: Any, name: str, options: dict[str, Any]) -> PreTrainedModel:
+    """`auto_class`'s model of backbone `name` on the meta device: its config with the options' config
+    fields (dropout), its dtype and attention implementation, no weights."""
+    config = load_config(name)
+    config.update({key: value for key, value in options.items() if key not in _LOADING_OPTIONS})
+    kwargs = {key: options[key] for key in ("dtype", "attn_implementation") if key in options}
+    with torch.device("meta"):
+        return auto_class.from_config(config, **kwargs)
 
 
 class Encoder(nn.Module):
@@ -153,7 +169,8 @@ class Encoder(nn.Module):
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
     head whose decoder is tied to the word embeddings. The backbone's weights load with the options of
-    the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without.
+    the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without; when it
+    defers them, `load_backbone` loads them later (`SentEmbMethod.configure_model`).
 
     Speed switches (set by the method from `padding_free` / `compile_layers`, see `configure_speed`):
     the padding-free forward (`encoders.packed`) is on by default wherever it is exact; the MLM
@@ -185,21 +202,36 @@ class Encoder(nn.Module):
             raise UnsupportedBackbone(refusal)
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         family.prepare_tokenizer(self.tokenizer)
-        if with_mlm_head:
-            self.mlm_model = load_pretrained(AutoModelForMaskedLM, backbone, **_BACKBONE_OPTIONS.get())
-            self.backbone = self.mlm_model.base_model
+        self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModel
+        options = _BACKBONE_OPTIONS.get()
+        if _DEFER_WEIGHTS.get():
+            self.set_backbone(backbone_skeleton(self.auto_class, backbone, options))
         else:
-            self.mlm_model = None
-            self.backbone = load_pretrained(AutoModel, backbone, **_BACKBONE_OPTIONS.get())
+            self.set_backbone(load_pretrained(self.auto_class, backbone, **options))
         self.family = family_of(self.backbone.config)
-        # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
-        # SimCSE's augmentation, so start in train mode like a freshly built module.
-        self.train()
-        self.family.prepare_backbone(self.backbone)
         self.format = PlainFormat(self.tokenizer)
         # on wherever exact, also for encoders built without `configure_speed` (exports)
         self.padding_free = self.family.packed_refusal() is None
         self.layer_fn = self.family.packed_layer
+
+    def set_backbone(self, model: PreTrainedModel) -> None:
+        """Take `model` (an `auto_class` model: with the MLM head when there is one) as the backbone."""
+        self.mlm_model = model if self.auto_class is AutoModelForMaskedLM else None
+        self.backbone = model.base_model if self.mlm_model is not None else model
+        # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
+        # SimCSE's augmentation, so start in train mode like a freshly built module.
+        self.train()
+        family_of(self.backbone.config).prepare_backbone(self.backbone)
+
+    @property
+    def weights_deferred(self) -> bool:
+        """The backbone is still the skeleton of `backbone_loading(defer_weights=True)`."""
+        return self.backbone.device.type == "meta"
+
+    def load_backbone(self, **options: Any) -> None:
+        """Replace the skeleton by the backbone's weights, `from_pretrained(..., **options)` (a `device_map`
+        loads them straight onto that device)."""
+        self.set_backbone(load_pretrained(self.auto_class, self.name_or_path, **options))
 
     @property
     def hidden_size(self) -> int:

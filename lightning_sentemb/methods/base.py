@@ -15,14 +15,17 @@ import json
 import math
 import os
 import random
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -33,6 +36,7 @@ from ..backbones import UnsupportedBackbone, family_of, with_dropout
 from ..console import progress_bar
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
+from ..distributed import gather_strided_rows, world
 from ..encoders.lora import LoraSettings, add_lora, peft_base_reference
 from ..encoders.memory import DTYPES, BackboneDtype, enable_gradient_checkpointing, from_pretrained_options
 from ..encoders.plain import POOLERS, Encoder, backbone_loading
@@ -48,6 +52,23 @@ from .collator import Collator
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
+
+
+_WEIGHTS_IN_CONFIGURE_MODEL: ContextVar[bool] = ContextVar("weights_in_configure_model", default=False)
+
+
+@contextmanager
+def backbone_weights_in_configure_model() -> Iterator[None]:
+    """Methods built inside leave their backbone's weights to `configure_model`, which the trainer calls
+    once it knows the rank's device: each rank then reads them once, onto its own device, in the dtype it
+    trains in, instead of all of them in fp32 on the host in `__init__`. Until then the backbone is a
+    skeleton on the meta device (tokenizer, config and everything else are built as usual). Outside
+    (tests, `sentemb evaluate`, `load_from_checkpoint`, exports) `__init__` loads them on the CPU."""
+    token = _WEIGHTS_IN_CONFIGURE_MODEL.set(True)
+    try:
+        yield
+    finally:
+        _WEIGHTS_IN_CONFIGURE_MODEL.reset(token)
 
 
 def autocast_for(device: torch.device, precision: str) -> torch.autocast:
@@ -155,11 +176,21 @@ class SentEmbMethod(LightningModule):
         self.apply_family_defaults()
         options = with_dropout(from_pretrained_options(backbone_dtype, load_in_4bit), self.family, dropout)
         try:
-            with backbone_loading(**options):
+            with backbone_loading(defer_weights=_WEIGHTS_IN_CONFIGURE_MODEL.get(), **options):
                 self.encoder = self.build_encoder()
         except UnsupportedBackbone as refusal:
             raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
-        self.adapt_backbone(lora, gradient_checkpointing, backbone_dtype != "fp32" or load_in_4bit)
+        self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
+        if not self.backbone_frozen and (backbone_dtype != "fp32" or load_in_4bit):
+            option = "load_in_4bit" if load_in_4bit else f"backbone_dtype {backbone_dtype}"
+            raise SentEmbUserError(
+                f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
+                "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
+                "use trainer.precision bf16-mixed)"
+            )
+        self.backbone_adapted = False
+        if not self.encoder.weights_deferred:
+            self.configure_model()  # LoRA and the rest now, on the weights just loaded
         self.encoder.configure_speed(padding_free, compile_layers)
         self.backbone_identity = backbone_identity(backbone)
         hidden = self.encoder.hidden_size
@@ -174,27 +205,36 @@ class SentEmbMethod(LightningModule):
         self._collator: Collator | None = None
         self._run_seed: int | None = None
 
-    def adapt_backbone(self, lora: LoraSettings | None, gradient_checkpointing: bool, low_precision: bool) -> None:
-        """LoRA adapters and gradient checkpointing on the loaded backbone; what trains in fp32. Weights
-        stored in low precision (`low_precision`: bf16/fp16/4-bit) suit a frozen backbone only: frozen
-        by the method (DCPCSE) or by LoRA."""
+    def configure_model(self) -> None:
+        """Lightning's hook (also FSDP's) before the strategy wraps the module; it runs at every stage and
+        once here. A backbone deferred to it (`backbone_weights_in_configure_model`: the `sentemb` CLI
+        builds methods so) loads now, straight from the checkpoint files onto this rank's device
+        (`weights_device`) in `backbone_dtype`; then, once, LoRA adapters, fp32 for what trains, and
+        gradient checkpointing."""
+        if self.backbone_adapted:
+            return
+        hp = self.hparams
+        if self.encoder.weights_deferred:
+            options = from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit, self.weights_device())
+            self.encoder.load_backbone(**with_dropout(options, self.family, hp.dropout))
         backbone = self.encoder.backbone
-        self.backbone_frozen = lora is not None or not any(p.requires_grad for p in backbone.parameters())
-        if not self.backbone_frozen and low_precision:
-            option = "load_in_4bit" if self.hparams.load_in_4bit else f"backbone_dtype {self.hparams.backbone_dtype}"
-            raise SentEmbUserError(
-                f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
-                "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
-                "use trainer.precision bf16-mixed)"
-            )
-        if lora is not None:
-            add_lora(backbone, lora, peft_base_reference(self.hparams.backbone),
-                     self.encoder.family.unread_modules(backbone))
+        if hp.lora is not None:
+            add_lora(backbone, hp.lora, peft_base_reference(hp.backbone), self.encoder.family.unread_modules(backbone))
         for parameter in self.encoder.parameters():  # adapters and heads of a low-precision backbone
             if parameter.requires_grad and parameter.dtype != torch.float32:
                 parameter.data = parameter.data.float()
-        if gradient_checkpointing:
+        if hp.gradient_checkpointing:
             enable_gradient_checkpointing(backbone)
+        self.backbone_adapted = True
+
+    def weights_device(self) -> torch.device | None:
+        """Where the backbone's weights load: the trainer's root device, which Lightning numbers by its
+        local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
+        GPU) outside a trainer, and under FSDP, which shards the module from host memory as it wraps it."""
+        trainer = self._trainer
+        if trainer is None or isinstance(trainer.strategy, FSDPStrategy):
+            return None
+        return trainer.strategy.root_device
 
     def check_matryoshka(self, dims: list[int] | None, weights: list[float] | None, eval_dim: int | None) -> None:
         """One line for Matryoshka settings that cannot apply to this embedding size."""
@@ -422,7 +462,11 @@ class SentEmbMethod(LightningModule):
 
     def configure_callbacks(self) -> list:
         """No callbacks of its own (ClusterNS adds K-means); refuses trainer options that gradient
-        caching or a low-precision backbone cannot honour, before Lightning's own, less specific, check."""
+        caching or a low-precision backbone cannot honour, before Lightning's own, less specific, check, and
+        what is refused under FSDP: gradient caching (several forward and backward passes of the backbone
+        within one step, which its DDP path keeps out of the reduction with `no_sync`; under FSDP's
+        gather and reshard per layer this is unverified without a GPU, so refused rather than risked) and
+        4-bit weights (bitsandbytes' packed tensors do not shard)."""
         trainer = self._trainer
         fitting = trainer is not None and trainer.state.fn == "fit"
         dtype = self.hparams.backbone_dtype
@@ -432,6 +476,13 @@ class SentEmbMethod(LightningModule):
                 f"which run together under mixed precision: set trainer.precision {'bf16' if dtype == 'bf16' else '16'}"
                 f"-mixed (got {trainer.precision})"
             )
+        if fitting and isinstance(trainer.strategy, FSDPStrategy):
+            for option in ("grad_cache_chunk", "load_in_4bit"):
+                if self.hparams[option]:
+                    raise SentEmbUserError(
+                        f"model.init_args.{option} is not supported under FSDP (trainer.strategy), which shards a "
+                        "backbone that trains whole; train with DDP (docs/training.md: what each strategy supports)"
+                    )
         if self.hparams.grad_cache_chunk and fitting:
             # Lightning refuses gradient_clip_val under manual optimization; the method clips itself
             # (`on_before_optimizer_step`), so it takes the setting over before Lightning's check.
@@ -493,19 +544,40 @@ class SentEmbMethod(LightningModule):
         autocast per `eval_precision`. Every evaluator calls this.
         """
         batch_size = batch_size or self.hparams.eval_batch_size
+        if not sentences:  # a rank's empty share in `encode_across_ranks`
+            return torch.empty(0, self.output_size, dtype=torch.float32)
         was_training = self.training
         self.eval()
         sentence_ids = self.encoder.format.sentence_ids(sentences)
         order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
         show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
-        out = torch.empty(len(sentences), self.output_size, dtype=torch.float32)
+        # rows in `order`, copied batch by batch without waiting for the device (pinned memory on a GPU)
+        in_order = torch.empty(len(sentences), self.output_size, dtype=torch.float32,
+                               pin_memory=self.device.type == "cuda")
         with self.eval_autocast():
             for start in progress_bar(range(0, len(sentences), batch_size), desc=label, disable=not show):
                 rows = order[start : start + batch_size]
                 features = self.features_from_ids([sentence_ids[i] for i in rows])
-                out[torch.as_tensor(rows.copy())] = self.embed_features(features).float().cpu()
+                in_order[start : start + len(rows)].copy_(self.embed_features(features).float(), non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the one wait: every copy has landed
         self.train(was_training)
+        out = torch.empty_like(in_order, pin_memory=False)
+        out[torch.from_numpy(order.copy())] = in_order
         return out
+
+    def encode_across_ranks(
+        self, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+        label: str = "encode",
+    ) -> Tensor:
+        """`encode` with the work shared by every rank of the process group: each encodes every
+        world_size-th sentence and all get the whole (n, hidden) matrix, in the input order. Every rank
+        must call it with the same sentences. One process: exactly `encode`."""
+        rank, world_size = world()
+        if world_size == 1:
+            return self.encode(sentences, batch_size, show_progress, label)
+        share = self.encode(sentences[rank::world_size], batch_size, show_progress if rank == 0 else False, label)
+        return gather_strided_rows(share.to(self.device), len(sentences)).cpu()
 
     def eval_autocast(self) -> torch.autocast:
         """`eval_precision`'s autocast; with a bf16/fp16 backbone, autocast to its dtype (its fp32 heads
@@ -551,19 +623,23 @@ class SentEmbMethod(LightningModule):
         return list(datamodule.val_tasks if stage == "val" else datamodule.test_tasks)
 
     def _run_extra_evaluators(self, stage: str) -> None:
-        """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`):
-        run on rank 0 with `encode`, logged straight to the loggers, other ranks wait."""
+        """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
+        rank: each encodes its share of the sentences (`encode_across_ranks`), and every rank scores the
+        gathered embeddings itself, so no rank waits on another's long work (a collective pending through
+        minutes of scoring could outlast the process group's timeout). The scoring is deterministic and
+        its inputs identical on every rank: so are the results, which rank 0 logs (and plots)."""
         datamodule = self.trainer.datamodule
         names = list(getattr(datamodule, f"{stage}_evaluators", ()))
         if not names:
             return
+        figures = Path(self.trainer.default_root_dir) / "figures" / f"{stage}-step{self.global_step}"
+        with nullcontext(figures) if self.trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
+            results = evaluate_suite(self.encode_across_ranks, names, datamodule.data_dir, figure_dir,
+                                     name=type(self).__name__)
+        metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
         if self.trainer.is_global_zero:
-            figures = Path(self.trainer.default_root_dir) / "figures" / f"{stage}-step{self.global_step}"
-            results = evaluate_suite(self.encode, names, datamodule.data_dir, figures, name=type(self).__name__)
-            metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
             for logger in self.loggers:
                 logger.log_metrics(metrics, step=self.global_step)
-        self.trainer.strategy.barrier()
 
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:

@@ -79,6 +79,10 @@ class PrefixTunedEncoder(Encoder):
             self.backbone, prefix_len, projection, projection_hidden_size, dropout, position_offset
         )
 
+    def load_backbone(self, **options: Any) -> None:
+        super().load_backbone(**options)
+        self.prefixed.backbone = self.backbone.requires_grad_(False)  # frozen, as `PrefixedBackbone` keeps it
+
     @property
     def max_length(self) -> int:
         return min(super().max_length, self.prefixed.max_sentence_length)

@@ -1,0 +1,124 @@
+"""The backbone's weights load in `configure_model` for CLI-built methods (each rank once, onto the
+device Lightning gives it), the same model as a method built directly; the FSDP strategy wraps each
+transformer layer and refuses what it does not run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightning.pytorch import Trainer
+from peft.tuners.lora import LoraLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from lightning_sentemb.distributed import LayerFSDPStrategy
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.methods import DCPCSE, SimCSE
+from lightning_sentemb.methods.base import backbone_weights_in_configure_model
+
+LORA = {"r": 2, "target_modules": ["query", "value"]}
+
+
+def deferred(method_class, *args, **kwargs):
+    with backbone_weights_in_configure_model():
+        return method_class(*args, **kwargs)
+
+
+def trainable(method) -> set[str]:
+    return {name for name, p in method.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize(("method_class", "kwargs"), [
+    (SimCSE, {"pooler": "cls", "lora": LORA, "gradient_checkpointing": True}),
+    (SimCSE, {"pooler": "cls", "mlm_weight": 0.1}),
+    (DCPCSE, {"prefix_len": 2, "mlm_weight": 0.1}),
+], ids=["simcse-lora", "simcse-mlm", "dcpcse-mlm"])
+def test_configure_model_loads_what_init_loads(method_class, kwargs, tiny_bert):
+    """Built for a trainer, the method holds a skeleton on the meta device until `configure_model`, which
+    loads the same weights, under the same names, with the same adapters and frozen parts, once."""
+    eager = method_class(tiny_bert, **kwargs)
+    method = deferred(method_class, tiny_bert, **kwargs)
+    assert method.encoder.weights_deferred and all(p.is_meta for p in method.encoder.backbone.parameters())
+    assert method.tokenizer("a cat")["input_ids"] and method.output_size == 32  # all but the weights is there
+    method.configure_model()
+    method.configure_model()  # Lightning calls it at every stage: no second load, no second adapter
+    assert not method.encoder.weights_deferred
+    assert not any(p.is_meta for p in method.parameters())
+    state, expected = method.state_dict(), eager.state_dict()
+    assert state.keys() == expected.keys() and trainable(method) == trainable(eager)
+    from_the_checkpoint = [k for k in state if k.startswith("encoder.backbone.") and ".lora_" not in k]
+    assert from_the_checkpoint and all(torch.equal(state[k], expected[k]) for k in from_the_checkpoint)
+    assert sum(isinstance(m, LoraLayer) for m in method.modules()) == (2 * 2 if "lora" in kwargs else 0)
+    assert method.backbone_frozen == eager.backbone_frozen
+    if method_class is DCPCSE:
+        assert method.encoder.prefixed.backbone is method.encoder.backbone
+        assert not any(p.requires_grad for p in method.encoder.backbone.parameters())
+    # what starts random (adapters, prefix, heads) drew in another order: given the same, the same model
+    method.load_state_dict(eager.state_dict())
+    features = method.sentence_features(["a man plays guitar .", "kids play"])
+    method.eval(), eager.eval()
+    torch.testing.assert_close(method.embed_features(features), eager.embed_features(features), rtol=0, atol=0)
+
+
+def test_weights_load_onto_the_trainers_root_device(tiny_bert, monkeypatch):
+    """The device is Lightning's root device (numbered by its local rank under torchrun and SLURM alike),
+    never the LOCAL_RANK variable, which srun does not set."""
+    monkeypatch.setenv("LOCAL_RANK", "5")
+    method = deferred(SimCSE, tiny_bert, backbone_dtype="bf16", lora=LORA)
+    asked = {}
+    monkeypatch.setattr(method.encoder, "load_backbone", lambda **options: asked.update(options))
+    monkeypatch.setattr("lightning_sentemb.methods.base.add_lora", lambda *args: None)
+    method._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 1)))
+    method.configure_model()
+    assert asked["device_map"] == {"": torch.device("cuda", 1)} and asked["dtype"] == torch.bfloat16
+    method._trainer = SimpleNamespace(strategy=LayerFSDPStrategy())
+    assert method.weights_device() is None  # FSDP shards from host memory
+
+
+def test_a_cli_fit_loads_the_backbone_in_configure_model(tiny_bert, sts_fixture, tmp_path):
+    from lightning.pytorch import Callback
+
+    from lightning_sentemb.lightning_cli import lightning_main
+    from tests.test_end_to_end import fit_args
+
+    seen = []
+
+    class Watch(Callback):
+        def setup(self, trainer, pl_module, stage):  # before configure_model
+            seen.append(pl_module.encoder.weights_deferred)
+
+        def on_fit_start(self, trainer, pl_module):
+            seen.append(pl_module.encoder.weights_deferred)
+
+    lightning_main(["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "1",
+                                     "--trainer.logger", "false")], callbacks=[Watch()])
+    assert seen == [True, False]
+
+
+def test_fsdp_wraps_every_transformer_layer_of_each_family(tiny_bert, tiny_qwen2, tiny_modernbert):
+    """One FSDP unit per layer (the root is one too), activations checkpointed on the same layers. FSDP refuses
+    the CPU, so this checks the strategy and its policy, not a training step."""
+    strategy = Trainer(strategy="fsdp_layers", accelerator="cpu", devices=2, logger=False,
+                       enable_checkpointing=False).strategy  # the preset's name
+    assert isinstance(strategy, LayerFSDPStrategy)
+    checkpointed = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
+    for backbone, layers in ((tiny_bert, "encoder.backbone.encoder.layer"), (tiny_qwen2, "encoder.backbone.layers"),
+                             (tiny_modernbert, "encoder.backbone.layers")):
+        method = SimCSE(backbone)
+        expected = list(method.get_submodule(layers))
+        assert expected and all(isinstance(layer, GradientCheckpointingLayer) for layer in expected)
+        assert set(strategy.kwargs["auto_wrap_policy"]._run_policy(method, set(), {})) == set(expected)
+        assert set(checkpointed._run_policy(method, set(), {})) == set(expected)
+    assert strategy.kwargs["sync_module_states"] and strategy.kwargs["use_orig_params"]
+
+
+@pytest.mark.parametrize("option", ["grad_cache_chunk", "load_in_4bit"])
+def test_fsdp_refuses_gradient_caching_and_4bit(option, tiny_bert, monkeypatch):
+    method = SimCSE(tiny_bert, grad_cache_chunk=2)
+    monkeypatch.setitem(method.hparams, "grad_cache_chunk", 2 if option == "grad_cache_chunk" else 0)
+    monkeypatch.setitem(method.hparams, "load_in_4bit", option == "load_in_4bit")
+    method._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), precision="bf16-mixed", gradient_clip_val=None,
+                                      accumulate_grad_batches=1, strategy=LayerFSDPStrategy())
+    with pytest.raises(SentEmbUserError, match=f"model.init_args.{option} is not supported under FSDP"):
+        method.configure_callbacks()

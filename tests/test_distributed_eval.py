@@ -1,0 +1,105 @@
+"""Evaluation shared by the ranks: `encode` copies to the host without a wait per batch, every rank
+encodes a share (`encode_across_ranks`), and validation with extra evaluators scores the same with 2
+gloo processes as with 1."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lightning_sentemb.distributed import gather_strided_rows
+from lightning_sentemb.methods.simcse import SimCSE
+from tests.conftest import write_sts_fixture
+from tests.evaluation.conftest import write_clustering_fixture, write_transfer_fixture
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football",
+             "birds", "a woman is slicing an onion in the kitchen", "two dogs run"]
+
+
+def per_batch_reference(method: SimCSE, sentences: list[str], batch_size: int) -> torch.Tensor:
+    """What `encode` computed before: batches longest first, each copied to the host on its own."""
+    method.eval()
+    ids = method.encoder.format.sentence_ids(sentences)
+    order = np.argsort([len(i) for i in ids], kind="stable")[::-1]
+    out = torch.empty(len(sentences), method.output_size)
+    with torch.inference_mode():
+        for start in range(0, len(sentences), batch_size):
+            rows = order[start : start + batch_size]
+            features = method.features_from_ids([ids[i] for i in rows])
+            out[torch.as_tensor(rows.copy())] = method.embed_features(features).cpu()
+    return out
+
+
+def test_encode_equals_the_per_batch_copy(tiny_bert):
+    method = SimCSE(tiny_bert, pooler="cls", mlp="none")
+    encoded = method.encode(SENTENCES, batch_size=4)
+    assert encoded.dtype == torch.float32 and encoded.device.type == "cpu" and not encoded.is_pinned()
+    assert torch.equal(encoded, per_batch_reference(method, SENTENCES, 4))
+    assert method.encode([]).shape == (0, method.output_size)
+
+
+def gather_worker(rank: int, init_file: str, backbone: str, out_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    rows = {total: gather_strided_rows(torch.arange(total * 3.0).view(total, 3)[rank::2], total)
+            for total in (1, 4, 5)}  # one rank empty, equal shares, unequal shares
+    method = SimCSE(backbone, pooler="cls", mlp="none")
+    encoded = method.encode_across_ranks(SENTENCES, batch_size=2)
+    torch.save({"rows": rows, "encoded": encoded}, f"{out_file}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_ranks_share_encoding_and_all_get_every_row_in_order(tiny_bert, tmp_path):
+    mp.spawn(gather_worker, args=(str(tmp_path / "init"), tiny_bert, str(tmp_path / "out")), nprocs=2, join=True)
+    single = SimCSE(tiny_bert, pooler="cls", mlp="none")
+    assert torch.equal(single.encode_across_ranks(SENTENCES, batch_size=2), single.encode(SENTENCES, batch_size=2))
+    for rank in (0, 1):
+        result = torch.load(tmp_path / f"out.{rank}")
+        for total, rows in result["rows"].items():
+            assert torch.equal(rows, torch.arange(total * 3.0).view(total, 3))
+        torch.testing.assert_close(result["encoded"], single.encode(SENTENCES, batch_size=2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def evaluation_data(tmp_path_factory) -> Path:
+    root = write_sts_fixture(tmp_path_factory.mktemp("data"))
+    write_transfer_fixture(root)
+    return write_clustering_fixture(root)
+
+
+def validate(backbone: str, data: Path, root: Path, devices: int) -> dict[str, float]:
+    """`sentemb validate` of the untrained model in a fresh process on `devices` gloo processes; the
+    metrics rank 0 logged."""
+    args = ["validate", "--model", "lightning_sentemb.methods.SimCSE", "--model.backbone", backbone,
+            "--model.pooler", "cls", "--data.data_dir", str(data), "--data.eval_batch_size", "4",
+            "--data.val_tasks", "[STSBenchmark-dev, SICKRelatedness-dev]",
+            "--data.val_evaluators", "[transfer, cluster]",
+            "--data.cache_dir", str(root / "cache"), "--trainer.default_root_dir", str(root),
+            "--trainer.accelerator", "cpu", "--trainer.devices", str(devices), "--trainer.enable_progress_bar", "false",
+            *(["--trainer.strategy", "ddp"] if devices > 1 else [])]
+    run = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], cwd=REPO, timeout=600,
+                         env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    with open(next(root.glob("lightning_logs/version_*/metrics.csv"))) as file:
+        rows = list(csv.DictReader(file))
+    return {key: float(value) for row in rows for key, value in row.items() if value and key != "step"}
+
+
+@pytest.mark.slow
+def test_validation_with_extra_evaluators_scores_the_same_on_two_processes(tiny_bert, evaluation_data, tmp_path):
+    one = validate(tiny_bert, evaluation_data, tmp_path / "one", 1)
+    two = validate(tiny_bert, evaluation_data, tmp_path / "two", 2)
+    assert {"val/STSBenchmark-dev", "val/SICKRelatedness-dev", "val/transfer/MR", "val/transfer/MRPC",
+            "val/cluster/AgNews/acc", "val/cluster/Tweet/nmi"} <= one.keys()
+    assert one.keys() == two.keys()
+    for key, value in one.items():
+        assert two[key] == pytest.approx(value, abs=1e-3), key
