@@ -86,6 +86,18 @@ def test_fast_path_equals_padded_path(name: str, family: str, request, monkeypat
     assert_packed_equals_padded(fast, batch)
 
 
+@pytest.mark.parametrize("name", ["simcse_avg", "dcpcse_shifted"])
+def test_nested_kernel_equals_padded_path(name: str, tiny_bert: str, monkeypatch) -> None:
+    """The nested-jagged kernel (CUDA's choice under attention dropout) runs on CPU for bidirectional
+    encoders: the same code, checked here against the padded forward, the prefix's keys included."""
+    monkeypatch.setattr(SimCSE, "log", lambda *a, **k: None)
+    monkeypatch.setattr(SimCSE, "log_dict", lambda *a, **k: None)
+    torch.manual_seed(0)
+    fast = without_dropout(METHODS[name](tiny_bert)).train()
+    fast.encoder.packed_kernel = "nested"
+    assert_packed_equals_padded(fast, batch_for(fast, supervised=False))
+
+
 def test_dropout_stays_active_on_the_fast_path(tiny_bert: str) -> None:
     """SimCSE's augmentation: two training forwards of the same batch differ, evaluation ones do not."""
     method = SimCSE(tiny_bert, pooler="avg", mlp="none").train()

@@ -24,7 +24,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..backbones import family_of
-from .packed import PADDED, LayerPrefixes, TokenLayout, is_packed, packed_forward, set_attention
+from .packed import PADDED, Kernel, LayerPrefixes, TokenLayout, is_packed, packed_forward, set_attention
 
 __all__ = ["PrefixEncoder", "PrefixedBackbone", "prefix_parameter_count"]
 
@@ -173,9 +173,10 @@ class PrefixedBackbone(nn.Module):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         layout: TokenLayout | None = None,
+        kernel: Kernel = "auto",
     ) -> BaseModelOutput:
         """Run the backbone with the prefix; packed (with the batch's ``layout``, else one built from the
-        mask) when the backbone is set up for it."""
+        mask, and the attention ``kernel``) when the backbone is set up for it."""
         batch_size, seq_len = input_ids.shape
         if seq_len > self.max_sentence_length:
             raise ValueError(
@@ -190,7 +191,7 @@ class PrefixedBackbone(nn.Module):
         if is_packed(self.backbone):
             layout = TokenLayout.from_mask(attention_mask) if layout is None else layout.to(input_ids.device)
             return packed_forward(self.backbone, layout, input_ids, position_ids=position_ids, prefix=prefix,
-                                  output_hidden_states=output_hidden_states)
+                                  output_hidden_states=output_hidden_states, kernel=kernel)
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              output_hidden_states=output_hidden_states, use_cache=False, sentemb_prefix=prefix)
 

@@ -93,6 +93,7 @@ class PrefixTunedEncoder(Encoder):
             features["attention_mask"],
             output_hidden_states=self.pooler in LAYER_POOLERS,
             layout=features.get("layout"),
+            kernel=self.packed_kernel,
         )
 
     def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
@@ -100,7 +101,7 @@ class PrefixTunedEncoder(Encoder):
         the batch's layout when the encoder is."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        hidden = self.prefixed(input_ids, attention_mask, layout=layout).last_hidden_state
+        hidden = self.prefixed(input_ids, attention_mask, layout=layout, kernel=self.packed_kernel).last_hidden_state
         return self.family.mlm_logits(self.mlm_model, hidden)
 
 
