@@ -167,7 +167,8 @@ def bpe_tokenizer(bos: bool) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained here (an LLM's kind of tokens): OPT's shape with `bos` (`</s>`
     before every text, `<pad>` to pad), GPT-2's without (no BOS, no pad token: we pad with its EOS)."""
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(ROBERTA_CORPUS, vocab_size=300, min_frequency=1, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    bpe.train_from_iterator(ROBERTA_CORPUS, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
     if bos:
         bpe.post_processor = processors.TemplateProcessing(single="</s> $A", special_tokens=[("</s>", 2)])
         return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>", eos_token="</s>",
@@ -201,9 +202,9 @@ MORE_FAMILIES = {
     "tiny_phi3": lambda path: save_tiny(path, Phi3Config(**DECODER_SIZES, sliding_window=5, **minilm_ids())),
     "tiny_distilbert": lambda path: save_tiny(path, DistilBertConfig(vocab_size=minilm_ids()["vocab_size"], dim=32,
                                                                      n_layers=2, n_heads=4, hidden_dim=64)),
-    "tiny_electra": lambda path: save_tiny(path, ElectraConfig(vocab_size=minilm_ids()["vocab_size"], embedding_size=16,
-                                                               hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                               intermediate_size=64, max_position_embeddings=128)),
+    "tiny_electra": lambda path: save_tiny(path, ElectraConfig(
+        vocab_size=minilm_ids()["vocab_size"], embedding_size=16, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)),
 }
 
 

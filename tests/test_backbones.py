@@ -198,7 +198,7 @@ def test_packed_forward_equals_padded_forward(name: str, backbone: str, request)
     assert_packed_equals_padded(fast, batch)
 
 
-def prefixed_for_test(model, prefix_len: int, padding_free: bool) -> tuple[PrefixedBackbone, torch.Tensor, torch.Tensor]:
+def prefixed_for_test(model, prefix_len: int, padding_free: bool) -> tuple[PrefixedBackbone, torch.Tensor, ...]:
     """A prefixed backbone with a random prefix (no dropout), packed or padded, and a padded batch."""
     prefixed = PrefixedBackbone(model, prefix_len, dropout=0.0).eval()
     set_attention(model, PACKED if padding_free else PADDED)

@@ -90,7 +90,8 @@ class BackboneFamily:
         """Why DCPCSE's prefix cannot join this backbone's attention (it goes through the attention
         interface, packed or padded), or None when it can."""
         if not backbone._supports_attention_backend:
-            return f"deep prefixes join attention through transformers' attention interface, which {self.model_type} does not use"
+            return (f"deep prefixes join attention through transformers' attention interface, which "
+                    f"{self.model_type} does not use")
         return None
 
     def packed_refusal(self, backbone: PreTrainedModel) -> str | None:
@@ -155,7 +156,8 @@ class DecoderFamily(BackboneFamily):
     causal = True
     default_pooler = "last"
     template_readout = "last"
-    dropout_keys = ("attention_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop")  # Llama-shaped; OPT; GPT-2, Phi-3
+    # Llama-shaped: attention_dropout; OPT: dropout too; GPT-2, Phi-3: *_pdrop
+    dropout_keys = ("attention_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop")
 
     def pooler_refusal(self, pooler: str) -> str | None:
         if pooler in ("cls", "cls_before_pooler"):
