@@ -247,8 +247,10 @@ def packed_attention(query: Tensor, key: Tensor, value: Tensor, packing: Packing
     bidirectional: |i - j| < window). The kernel is the packing's, or picked as the module says."""
     kernel = packing.kernel
     if kernel == "auto":
-        fused = query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and softcap is None
-        if fused and dropout_p == 0 and not (window and prefix is not None):
+        # a prefix makes keys longer than queries: the fused kernels get it on bidirectional layers only
+        fused = (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and softcap is None
+                 and (prefix is None or not (causal or window)))
+        if fused and dropout_p == 0:
             kernel = "varlen"
         elif fused and not window:
             kernel = "nested"
@@ -266,7 +268,7 @@ def packed_attention(query: Tensor, key: Tensor, value: Tensor, packing: Packing
 def varlen_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLayout, scale: float, causal: bool,
                      window: int | None, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
     """torch's fused variable-length flash kernel; a prefix makes each sentence's keys longer than its
-    queries, and the kernel aligns causal masks bottom-right: every query sees the whole prefix."""
+    queries (`auto` sends it here on bidirectional layers only)."""
     from torch.nn.attention.varlen import varlen_attn
 
     key_offsets, key_max = layout.offsets, layout.max_length
@@ -276,6 +278,7 @@ def varlen_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLay
         key_max += prefix[0].shape[2]
     reach = -1 if window is None else window - 1
     window_size = (reach, 0 if causal else reach)
+    query, key, value = (t.contiguous() for t in (query, key, value))  # rotary models hand over strided views
     return varlen_attn(query, key, value, layout.offsets, key_offsets, layout.max_length, key_max, scale=scale,
                        window_size=window_size, enable_gqa=key.shape[1] != query.shape[1])
 
@@ -284,20 +287,22 @@ def nested_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLay
                      causal: bool, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
     """SDPA over nested jagged tensors (flash / memory-efficient kernels with dropout on CUDA).
     Grouped-query keys are repeated per head here: the nested kernels take no `enable_gqa`."""
-    key_offsets, key_max = layout.offsets, layout.max_length
+    key_offsets, extra = layout.offsets, 0
     if prefix is not None:
         key, key_offsets = layout.with_prefix(key, prefix[0].to(key.dtype))
         value, _ = layout.with_prefix(value, prefix[1].to(value.dtype))
-        key_max += prefix[0].shape[2]
+        extra = prefix[0].shape[2]
     groups = query.shape[1] // key.shape[1]
     key, value = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (key, value))
+    shortest, longest = min(layout.host_lengths), layout.max_length  # from the host: no read-back
 
-    def nested(values: Tensor, offsets: Tensor, longest: int) -> Tensor:
-        return torch.nested.nested_tensor_from_jagged(values, offsets.long(), max_seqlen=longest).transpose(1, 2)
+    def nested(values: Tensor, offsets: Tensor, more: int = 0) -> Tensor:
+        return torch.nested.nested_tensor_from_jagged(values, offsets.long(), min_seqlen=shortest + more,
+                                                      max_seqlen=longest + more).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(nested(query, layout.offsets, layout.max_length),
-                                         nested(key, key_offsets, key_max), nested(value, key_offsets, key_max),
-                                         dropout_p=dropout_p, is_causal=causal, scale=scale)
+    out = F.scaled_dot_product_attention(nested(query, layout.offsets), nested(key, key_offsets, extra),
+                                         nested(value, key_offsets, extra), dropout_p=dropout_p, is_causal=causal,
+                                         scale=scale)
     return out.transpose(1, 2).values()
 
 
