@@ -137,19 +137,22 @@ class TokenLayout:
         """(batch, width) True at real tokens of the aligned layout."""
         return torch.arange(self.width, device=self.lengths.device)[None] < self.lengths[:, None]
 
-    def with_prefix(self, keys: Tensor, prefix: Tensor) -> tuple[Tensor, Tensor]:
-        """Packed keys (tokens, heads, d) with each sentence's prefix (batch, heads, prefix_len, d) put
-        before it, and the offsets of those longer sequences: the keys a fused kernel sees."""
-        batch, _, prefix_len, _ = prefix.shape
-        tokens = keys.shape[0]
-        sentence = torch.repeat_interleave(torch.arange(batch, device=keys.device), self.lengths, output_size=tokens)
-        token_dest = torch.arange(tokens, device=keys.device) + (sentence + 1) * prefix_len
-        starts = self.offsets[:-1].long() + torch.arange(batch, device=keys.device) * prefix_len
-        prefix_dest = (starts[:, None] + torch.arange(prefix_len, device=keys.device)).flatten()
-        out = keys.new_empty(tokens + batch * prefix_len, *keys.shape[1:])
-        out = out.index_copy(0, token_dest, keys).index_copy(0, prefix_dest, prefix.transpose(1, 2).flatten(0, 1))
-        offsets = self.offsets + prefix_len * torch.arange(batch + 1, device=keys.device, dtype=self.offsets.dtype)
-        return out, offsets
+    def with_prefix(self, key: Tensor, value: Tensor, prefix: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """Packed keys and values (tokens, heads, d) with each sentence's prefix (batch, heads, prefix_len,
+        d) put before it, and the offsets of those longer sequences: what a fused kernel takes."""
+        batch, _, prefix_len, _ = prefix[0].shape
+        tokens, device = key.shape[0], key.device
+        sentence = torch.repeat_interleave(torch.arange(batch, device=device), self.lengths, output_size=tokens)
+        token_dest = torch.arange(tokens, device=device) + (sentence + 1) * prefix_len
+        starts = self.offsets[:-1].long() + torch.arange(batch, device=device) * prefix_len
+        prefix_dest = (starts[:, None] + torch.arange(prefix_len, device=device)).flatten()
+
+        def prepend(packed: Tensor, before: Tensor) -> Tensor:
+            out = packed.new_empty(tokens + batch * prefix_len, *packed.shape[1:]).index_copy(0, token_dest, packed)
+            return out.index_copy(0, prefix_dest, before.to(packed.dtype).transpose(1, 2).flatten(0, 1))
+
+        offsets = self.offsets + prefix_len * torch.arange(batch + 1, device=device, dtype=self.offsets.dtype)
+        return prepend(key, prefix[0]), prepend(value, prefix[1]), offsets
 
 
 def layout_of(features: dict[str, Any]) -> TokenLayout:
@@ -229,13 +232,19 @@ def padded_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
             mask = torch.ones(length, length, dtype=torch.bool, device=query.device)
             mask = mask.tril() if causal else mask
             mask = mask.expand(query.shape[0], 1, length, length)
-        key = torch.cat([prefix[0].to(key.dtype), key], dim=2)
-        value = torch.cat([prefix[1].to(value.dtype), value], dim=2)
-        mask = torch.cat([mask.new_ones(*mask.shape[:-1], prefix[0].shape[2]), mask], dim=-1)
+        key, value, mask = join_prefix(key, value, mask, prefix)
         if softcap is not None:  # SDPA has no soft-capping
             return math_attention(query, key, value, mask, dropout, scale, softcap).transpose(1, 2), None
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scale, softcap=softcap,
                                   **kwargs)
+
+
+def join_prefix(key: Tensor, value: Tensor, mask: Tensor, prefix: tuple[Tensor, Tensor]) -> tuple[Tensor, ...]:
+    """(batch, heads, length, d) keys and values with the prefix's before them, and the boolean mask with
+    the prefix visible to every query."""
+    key = torch.cat([prefix[0].to(key.dtype), key], dim=2)
+    value = torch.cat([prefix[1].to(value.dtype), value], dim=2)
+    return key, value, torch.cat([mask.new_ones(*mask.shape[:-1], prefix[0].shape[2]), mask], dim=-1)
 
 
 def packed_attention(query: Tensor, key: Tensor, value: Tensor, packing: Packing, scale: float, dropout_p: float,
@@ -273,8 +282,7 @@ def varlen_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLay
 
     key_offsets, key_max = layout.offsets, layout.max_length
     if prefix is not None:
-        key, key_offsets = layout.with_prefix(key, prefix[0].to(key.dtype))
-        value, _ = layout.with_prefix(value, prefix[1].to(value.dtype))
+        key, value, key_offsets = layout.with_prefix(key, value, prefix)
         key_max += prefix[0].shape[2]
     reach = -1 if window is None else window - 1
     window_size = (reach, 0 if causal else reach)
@@ -289,8 +297,7 @@ def nested_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLay
     Grouped-query keys are repeated per head here: the nested kernels take no `enable_gqa`."""
     key_offsets, extra = layout.offsets, 0
     if prefix is not None:
-        key, key_offsets = layout.with_prefix(key, prefix[0].to(key.dtype))
-        value, _ = layout.with_prefix(value, prefix[1].to(value.dtype))
+        key, value, key_offsets = layout.with_prefix(key, value, prefix)
         extra = prefix[0].shape[2]
     groups = query.shape[1] // key.shape[1]
     key, value = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (key, value))
@@ -326,9 +333,7 @@ def aligned_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLa
         # backward 0 · NaN in the real keys' gradients
         mask = (mask & allowed) | ~real[:, None, :, None]
     if prefix is not None:
-        key = torch.cat([prefix[0].to(key.dtype), key], dim=2)
-        value = torch.cat([prefix[1].to(value.dtype), value], dim=2)
-        mask = torch.cat([mask.new_ones(*mask.shape[:-1], prefix[0].shape[2]), mask], dim=-1)
+        key, value, mask = join_prefix(key, value, mask, prefix)
     if (dropout_p > 0 and query.device.type == "cpu") or softcap is not None:
         context = math_attention(query, key, value, mask, dropout_p, scale, softcap)
     else:
