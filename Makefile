@@ -55,6 +55,7 @@ train: $(STAMP)
 bench: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python benchmarks/bench.py
 	$(BIN)/python benchmarks/methods.py --bf16
+	$(BIN)/python benchmarks/prompteol.py
 	$(BIN)/python benchmarks/gradcache.py
 	$(BIN)/python benchmarks/lora.py
 	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py

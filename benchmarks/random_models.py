@@ -139,3 +139,24 @@ def random_qwen2(folder: str, **sizes: int) -> str:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+OPT_125M = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "ffn_dim": 3072,
+            "word_embed_proj_dim": 768}
+
+
+def opt_decoder(folder: str, **sizes: int) -> str:
+    """An OPT-shaped decoder (PromptEOL's backbone family), by default OPT-125M's shape (`OPT_125M`),
+    with the wiki1m BPE tokenizer, written to `folder` once; returns `folder`."""
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    from transformers import OPTConfig, OPTModel
+
+    tokenizer = wiki_bpe_tokenizer()
+    config = OPTConfig(vocab_size=len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       **{**OPT_125M, **sizes})
+    torch.manual_seed(0)
+    OPTModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

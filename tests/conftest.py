@@ -14,10 +14,16 @@ from transformers import (
     AutoTokenizer,
     BertConfig,
     BertModel,
+    DistilBertConfig,
+    ElectraConfig,
+    Gemma2Config,
     GemmaConfig,
+    GPT2Config,
     LlamaConfig,
     MistralConfig,
     ModernBertConfig,
+    OPTConfig,
+    Phi3Config,
     PreTrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -155,6 +161,85 @@ def tiny_modernbert(tmp_path_factory: pytest.TempPathFactory) -> str:
                               max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=8,
                               cls_token_id=ids["bos_token_id"], sep_token_id=ids["eos_token_id"], **ids)
     return save_tiny(tmp_path_factory.mktemp("tiny_modernbert"), config)
+
+
+def bpe_tokenizer(bos: bool) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here (an LLM's kind of tokens): OPT's shape with `bos` (`</s>`
+    before every text, `<pad>` to pad), GPT-2's without (no BOS, no pad token: we pad with its EOS)."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(ROBERTA_CORPUS, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    if bos:
+        bpe.post_processor = processors.TemplateProcessing(single="</s> $A", special_tokens=[("</s>", 2)])
+        return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>", eos_token="</s>",
+                                       pad_token="<pad>", unk_token="<unk>", model_max_length=128)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="</s>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=128)
+
+
+def save_tiny_bpe(path: Path, config: PreTrainedConfig, bos: bool) -> str:
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(path)
+    bpe_tokenizer(bos).save_pretrained(path)
+    return str(path)
+
+
+BPE_IDS = {"vocab_size": 300, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2}
+# More families, each through the padding-free path of the attention interface: OPT (PromptEOL's backbone,
+# learned positions offset by 2), GPT-2 (fused QKV), Gemma-2 (sliding window of 4 in alternate layers, logit
+# soft-capping, GQA), Phi-3 (fused QKV, a sliding window shorter than the sentences), DistilBERT and ELECTRA
+# (encoders without a key/value cache).
+MORE_FAMILIES = {
+    "tiny_opt": lambda path: save_tiny_bpe(path, OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                                           num_attention_heads=4, word_embed_proj_dim=32,
+                                                           max_position_embeddings=128, dropout=0.0, **BPE_IDS),
+                                           bos=True),
+    "tiny_gpt2": lambda path: save_tiny_bpe(path, GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4,
+                                                             n_positions=128, bos_token_id=2, eos_token_id=2),
+                                            bos=False),
+    "tiny_gemma2": lambda path: save_tiny(path, Gemma2Config(**DECODER_SIZES, head_dim=8, sliding_window=4,
+                                                             query_pre_attn_scalar=8, **minilm_ids())),
+    "tiny_phi3": lambda path: save_tiny(path, Phi3Config(**DECODER_SIZES, sliding_window=5, **minilm_ids())),
+    "tiny_distilbert": lambda path: save_tiny(path, DistilBertConfig(vocab_size=minilm_ids()["vocab_size"], dim=32,
+                                                                     n_layers=2, n_heads=4, hidden_dim=64)),
+    "tiny_electra": lambda path: save_tiny(path, ElectraConfig(
+        vocab_size=minilm_ids()["vocab_size"], embedding_size=16, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)),
+}
+
+
+def _more(name: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return MORE_FAMILIES[name](tmp_path_factory.mktemp(name))
+
+
+@pytest.fixture(scope="session")
+def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _more("tiny_opt", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _more("tiny_gpt2", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _more("tiny_gemma2", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _more("tiny_phi3", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _more("tiny_distilbert", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_electra(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _more("tiny_electra", tmp_path_factory)
 
 
 @pytest.fixture()

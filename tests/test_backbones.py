@@ -1,11 +1,13 @@
-"""Every method on every backbone family: BERT, RoBERTa, ModernBERT and decoder LLMs (Llama, Qwen2, Qwen3,
-Mistral, Gemma), tiny random models built in code (tests/conftest.py).
+"""Every method on every backbone family: BERT, RoBERTa, ModernBERT, DistilBERT, ELECTRA and decoder LLMs
+(Llama, Qwen2, Qwen3, Mistral, Gemma, Gemma-2, Phi-3, OPT, GPT-2), tiny random models built in code
+(tests/conftest.py).
 
 - the method × backbone table (README "Backbones"): each pair trains 3 steps with a finite loss or is
   refused with its one line;
 - decoder pooling: `last`, `avg` and template pooling give the same embeddings left- and right-padded;
 - the packed forward equals the padded one (loss, every gradient, embeddings) on each new family;
-- a decoder's prefix attention equals a hand-written attention over [prefix; keys];
+- a prefix's attention equals a hand-written attention over [prefix; keys] (a decoder, and DistilBERT:
+  an encoder without a key/value cache), packed and padded;
 - gradient caching is exact and resume bit-exact on a decoder;
 - the export round trip through sentence-transformers for decoders and ModernBERT.
 """
@@ -18,6 +20,7 @@ from transformers import AutoModel
 
 from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.callbacks.kmeans import initial_centroids
+from lightning_sentemb.encoders.packed import PACKED, PADDED, set_attention
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
@@ -38,9 +41,12 @@ METHODS = {
     "ClusterNSPrompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
     "ClusterNSPrefix": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2),
 }
-BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_llama", "tiny_qwen2"]
-DECODERS = ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_mistral", "tiny_gemma"]
-NEW_FAMILIES = ["tiny_modernbert", *DECODERS]
+BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
+             "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
+ENCODERS = ["tiny_modernbert", "tiny_distilbert", "tiny_electra"]
+DECODERS = ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_mistral", "tiny_gemma", "tiny_gemma2", "tiny_phi3",
+            "tiny_opt", "tiny_gpt2"]
+NEW_FAMILIES = [*ENCODERS, *DECODERS]
 
 # The README's method × backbone table: every default-configured pair works. What a family refuses:
 REFUSED = {
@@ -150,7 +156,7 @@ def left_padded(features: dict, pad_id: int) -> dict:
 
 @pytest.mark.parametrize("padding_free", [True, False])
 @pytest.mark.parametrize("pooling", ["last", "avg", "template", "prompt_slots"])
-@pytest.mark.parametrize("backbone", ["tiny_llama", "tiny_qwen2"])
+@pytest.mark.parametrize("backbone", ["tiny_llama", "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_phi3"])
 def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling: str, padding_free: bool,
                                                          request) -> None:
     path = request.getfixturevalue(backbone)
@@ -171,7 +177,7 @@ def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling:
 
 
 PACKED_METHODS = {
-    "simcse": lambda path, family: SimCSE(path, pooler="last" if family != "tiny_modernbert" else "cls"),
+    "simcse": lambda path, family: SimCSE(path, pooler="cls" if family in ENCODERS else "last"),
     "simcse_avg_first_last": lambda path, family: SimCSE(path, pooler="avg_first_last", hard_negative_weight=0.5),
     "promptbert_denoised": lambda path, family: PromptBERT(path, denoise_train=True),
     "conpvp": lambda path, family: ConPVP(path, prompt_length=2),
@@ -192,6 +198,45 @@ def test_packed_forward_equals_padded_forward(name: str, backbone: str, request)
     assert_packed_equals_padded(fast, batch)
 
 
+def prefixed_for_test(model, prefix_len: int, padding_free: bool) -> tuple[PrefixedBackbone, torch.Tensor, ...]:
+    """A prefixed backbone with a random prefix (no dropout), packed or padded, and a padded batch."""
+    prefixed = PrefixedBackbone(model, prefix_len, dropout=0.0).eval()
+    set_attention(model, PACKED if padding_free else PADDED)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        prefixed.prefix_encoder.embedding.weight.normal_()
+    input_ids = torch.tensor([[101, 2023, 2003, 1037, 7953, 102], [101, 4937, 102, 0, 0, 0]])
+    return prefixed, input_ids, (input_ids != 0).long()
+
+
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_distilbert_prefix_attention_equals_hand_written_attention(padding_free: bool, tiny_distilbert: str) -> None:
+    """DCPCSE on an encoder without a key/value cache: the first layer of a prefixed DistilBERT by hand,
+    keys and values [prefix; sentence], every prefix key visible, padding keys hidden."""
+    model = AutoModel.from_pretrained(tiny_distilbert).eval()
+    prefix_len = 3
+    prefixed, input_ids, mask = prefixed_for_test(model, prefix_len, padding_free)
+    with torch.no_grad():
+        ours = prefixed(input_ids, mask, output_hidden_states=True).hidden_states[1]
+        prefix_key, prefix_value = prefixed.prefix_encoder(2)[0]  # (batch, heads, prefix_len, head_dim)
+        layer, heads = model.transformer.layer[0], model.config.n_heads
+        head_dim = model.config.dim // heads
+        positions = torch.arange(6) + prefix_len  # shifted: the sentence is numbered after the prefix
+        x = model.embeddings.LayerNorm(model.embeddings.word_embeddings(input_ids)
+                                       + model.embeddings.position_embeddings(positions)[None])
+        attention = layer.attention
+        q, k, v = (linear(x).view(2, 6, heads, head_dim).transpose(1, 2)
+                   for linear in (attention.q_lin, attention.k_lin, attention.v_lin))
+        keys, values = torch.cat([prefix_key, k], dim=2), torch.cat([prefix_value, v], dim=2)
+        scores = q @ keys.transpose(-1, -2) / head_dim**0.5  # (batch, heads, 6, prefix + 6)
+        visible = torch.cat([torch.ones(2, prefix_len, dtype=torch.bool), mask.bool()], dim=1)[:, None, None, :]
+        context = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ values
+        attended = layer.sa_layer_norm(attention.out_lin(context.transpose(1, 2).reshape(2, 6, -1)) + x)
+        hidden = layer.output_layer_norm(layer.ffn(attended) + attended)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], hidden[real], atol=1e-5, rtol=1e-5)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -205,14 +250,9 @@ def test_decoder_prefix_attention_equals_hand_written_attention(backbone: str, p
     path = request.getfixturevalue(backbone)
     model = AutoModel.from_pretrained(path).eval()
     prefix_len = 3
-    prefixed = PrefixedBackbone(model, prefix_len, dropout=0.0).eval()
-    torch.manual_seed(0)
+    prefixed, input_ids, mask = prefixed_for_test(model, prefix_len, padding_free)
     with torch.no_grad():
-        prefixed.prefix_encoder.embedding.weight.normal_()
-    input_ids = torch.tensor([[101, 2023, 2003, 1037, 7953, 102], [101, 4937, 102, 0, 0, 0]])
-    mask = (input_ids != 0).long()
-    with torch.no_grad():
-        ours = prefixed(input_ids, mask, output_hidden_states=True, padding_free=padding_free).hidden_states[1]
+        ours = prefixed(input_ids, mask, output_hidden_states=True).hidden_states[1]
         prefix_key, prefix_value = prefixed.prefix_encoder(2)[0]  # (batch, kv_heads, prefix_len, head_dim)
         layer, config = model.layers[0], model.config
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads

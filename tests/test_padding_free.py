@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import TokenLayout, cpu_dropout_attention, sentence_attention
+from lightning_sentemb.encoders.packed import TokenLayout, aligned_attention, math_attention
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -86,6 +86,18 @@ def test_fast_path_equals_padded_path(name: str, family: str, request, monkeypat
     assert_packed_equals_padded(fast, batch)
 
 
+@pytest.mark.parametrize("name", ["simcse_avg", "dcpcse_shifted"])
+def test_nested_kernel_equals_padded_path(name: str, tiny_bert: str, monkeypatch) -> None:
+    """The nested-jagged kernel (CUDA's choice under attention dropout) runs on CPU for bidirectional
+    encoders: the same code, checked here against the padded forward, the prefix's keys included."""
+    monkeypatch.setattr(SimCSE, "log", lambda *a, **k: None)
+    monkeypatch.setattr(SimCSE, "log_dict", lambda *a, **k: None)
+    torch.manual_seed(0)
+    fast = without_dropout(METHODS[name](tiny_bert)).train()
+    fast.encoder.packed_kernel = "nested"
+    assert_packed_equals_padded(fast, batch_for(fast, supervised=False))
+
+
 def test_dropout_stays_active_on_the_fast_path(tiny_bert: str) -> None:
     """SimCSE's augmentation: two training forwards of the same batch differ, evaluation ones do not."""
     method = SimCSE(tiny_bert, pooler="avg", mlp="none").train()
@@ -105,11 +117,11 @@ def attention_inputs(key_length: int) -> tuple[torch.Tensor, ...]:
 
 
 @pytest.mark.parametrize("key_length", [4, 6])
-def test_cpu_dropout_attention_equals_sdpa_without_dropout(key_length: int) -> None:
+def test_math_attention_equals_sdpa_without_dropout(key_length: int) -> None:
     inputs = attention_inputs(key_length)
     ours = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
     theirs = [t.clone().requires_grad_(t.is_floating_point()) for t in inputs]
-    out = cpu_dropout_attention(*ours[:3], ours[3][:, None, None, :], dropout_p=0.0, scale=0.3)
+    out = math_attention(*ours[:3], ours[3][:, None, None, :], dropout_p=0.0, scale=0.3)
     reference = F.scaled_dot_product_attention(*theirs[:3], attn_mask=theirs[3][:, None, None, :], scale=0.3)
     torch.testing.assert_close(out, reference, atol=1e-12, rtol=1e-12)
     weights = torch.randn_like(out)
@@ -119,14 +131,14 @@ def test_cpu_dropout_attention_equals_sdpa_without_dropout(key_length: int) -> N
         torch.testing.assert_close(mine.grad, other.grad, atol=1e-12, rtol=1e-12)
 
 
-def test_cpu_dropout_attention_drops_probabilities() -> None:
+def test_math_attention_drops_probabilities() -> None:
     """With one-hot values the output is the probability matrix itself: every entry is either dropped
     (0) or the plain softmax probability scaled by 1 / (1 - p); masked keys stay at 0."""
     query, key, _, key_mask = attention_inputs(8)
     value = torch.eye(8, dtype=torch.float64).expand(3, 2, 8, 8)
     p = 0.25
     torch.manual_seed(0)
-    dropped = cpu_dropout_attention(query, key, value, key_mask[:, None, None, :], dropout_p=p, scale=0.3)
+    dropped = math_attention(query, key, value, key_mask[:, None, None, :], dropout_p=p, scale=0.3)
     scores = torch.einsum("bhqd,bhkd->bhqk", query, key) * 0.3
     probabilities = scores.masked_fill(~key_mask[:, None, None, :], float("-inf")).softmax(-1)
     kept = dropped != 0
@@ -144,7 +156,8 @@ def test_windowed_attention_of_rows_of_very_different_lengths_has_finite_gradien
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(10, 2, 4, generator=generator, requires_grad=True) for _ in range(3))
     torch.manual_seed(0)
-    out = sentence_attention(query, key, value, layout, scale=0.5, dropout_p=dropout_p, window=2)
+    out = aligned_attention(query, key, value, layout, 0.5, dropout_p, causal=False, window=3, softcap=None,
+                            prefix=None).flatten(1)
     out.sum().backward()
     assert out.isfinite().all()
     for tensor in (query, key, value):
@@ -188,12 +201,39 @@ def test_token_layout_rows_equals_the_layout_of_the_rows() -> None:
         assert part.host_lengths == direct.host_lengths
 
 
-def test_unsupported_backbone_falls_back_with_a_reason(tiny_bert: str, caplog) -> None:
-    method = SimCSE(tiny_bert, pooler="avg")
-    method.encoder.backbone.config.position_embedding_type = "relative_key"
+def test_unsupported_backbone_falls_back_with_a_reason(tmp_path, caplog) -> None:
+    """MPNet's attention does not go through transformers' attention interface: padded, reason logged."""
+    from transformers import MPNetConfig
+
+    from tests.conftest import minilm_ids, save_tiny
+
+    ids = minilm_ids()
+    path = save_tiny(tmp_path / "mpnet", MPNetConfig(vocab_size=ids["vocab_size"], pad_token_id=1, hidden_size=32,
+                                                     num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
     with caplog.at_level(logging.WARNING):
-        method.encoder.configure_speed(padding_free=True, compile_layers=False)
-    assert not method.encoder.padding_free and "relative_key" in caplog.text
+        method = SimCSE(path, pooler="avg")
+    assert not method.encoder.padding_free and "attention interface" in caplog.text
+
+
+def test_attn_implementation_selects_transformers_padded_forward(tiny_bert: str) -> None:
+    method = SimCSE(tiny_bert, attn_implementation="eager")
+    assert not method.encoder.padding_free
+    assert method.encoder.backbone.config._attn_implementation == "eager"
+
+
+def test_a_model_that_bypasses_the_attention_interface_fails_loudly(tiny_bert: str, monkeypatch) -> None:
+    """A layer computing attention itself would let the packed sentences see each other: refused at once."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.bert import modeling_bert
+
+    class OwnAttention:
+        def get_interface(self, *args):
+            return sdpa_attention_forward
+
+    method = SimCSE(tiny_bert)
+    monkeypatch.setattr(modeling_bert, "ALL_ATTENTION_FUNCTIONS", OwnAttention())
+    with pytest.raises(RuntimeError, match="without the attention interface"):
+        method.encode(SENTENCES[:2])
 
 
 def test_switch_reaches_the_encoder(tiny_bert: str) -> None:

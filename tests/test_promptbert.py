@@ -113,8 +113,10 @@ def test_explicit_positions_are_the_backbones_own(name: str, request) -> None:
     features = encoder.format.build(encoder.format.sentence_ids(SENTENCES), None)
     assert features["position_ids"][0, 0] == encoder.family.first_position()
     with torch.no_grad():
+        explicit = encoder.run_backbone(features)  # padding-free, with the format's positions
+        encoder.set_padding_free(False)  # the backbone's own forward, called directly, numbers positions itself
         default = encoder.backbone(input_ids=features["input_ids"], attention_mask=features["attention_mask"])
-        explicit = encoder.run_backbone(features)
+        encoder.set_padding_free(True)
     mask = features["attention_mask"].bool()
     torch.testing.assert_close(explicit.last_hidden_state[mask], default.last_hidden_state[mask])
     method.train()

@@ -2,11 +2,11 @@
 
 A `BackboneFamily` answers what the encoders and methods ask of an architecture: which poolers make
 sense, how positions are numbered, where a template is read, whether a masked-LM head exists, the
-shape of a DCPCSE prefix, and the padding-free ("packed") forward of its layers. The base class is a
-bidirectional encoder run through Hugging Face's own padded forward; `EncoderFamily` /
-`DecoderFamily` are what any masked / causal LM `AutoModel` gets, and the families in `bert`,
-`modernbert` and `decoder` add their packed forward (and their quirks) on top. `family_of(config)`
-picks one; nothing outside this package asks what architecture a model is.
+shape of a DCPCSE prefix, and whether the padding-free forward and deep prefixes can run (both go
+through transformers' attention interface, `encoders.packed`: no family holds a forward of its own).
+`EncoderFamily` / `DecoderFamily` are what any masked / causal LM `AutoModel` gets; `bert` and
+`modernbert` add their quirks. `family_of(config)` picks one; nothing outside this package asks what
+architecture a model is.
 
 A method × backbone pair that cannot work is refused at construction with `UnsupportedBackbone`
 (one line; the method adds its own name).
@@ -14,10 +14,10 @@ A method × backbone pair that cannot work is refused at construction with `Unsu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
 from typing import Any, ClassVar, Literal
 
-from torch import Tensor, nn
+from torch import Tensor
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import SentEmbUserError
@@ -44,8 +44,6 @@ class BackboneFamily:
     # Config fields of the backbone's dropout probabilities (`model.init_args.dropout` sets those the
     # config has).
     dropout_keys: ClassVar[tuple[str, ...]] = ("hidden_dropout_prob", "attention_probs_dropout_prob")
-    # Whether the padded forward takes DCPCSE's prefix keys/values as a key/value cache.
-    prefix_through_cache: ClassVar[bool] = False
 
     def __init__(self, config: PreTrainedConfig) -> None:
         self.config = config
@@ -88,15 +86,22 @@ class BackboneFamily:
             return f"prompt templates are read at the mask token and the {self.model_type} tokenizer has none"
         return None
 
-    def prefix_refusal(self) -> str | None:
-        if self.prefix_through_cache or self.packed_refusal() is None:
-            return None
-        return (f"deep prefixes need a key/value cache in the backbone's forward or our packed forward, and "
-                f"{self.model_type} has neither")
+    def prefix_refusal(self, backbone: PreTrainedModel) -> str | None:
+        """Why DCPCSE's prefix cannot join this backbone's attention (it goes through the attention
+        interface, packed or padded), or None when it can."""
+        if not backbone._supports_attention_backend:
+            return (f"deep prefixes join attention through transformers' attention interface, which "
+                    f"{self.model_type} does not use")
+        return None
 
-    def packed_refusal(self) -> str | None:
-        """Why the packed forward cannot reproduce this backbone's padded forward, or None when it can."""
-        return f"model type {self.model_type!r} has no packed forward (see lightning_sentemb.backbones)"
+    def packed_refusal(self, backbone: PreTrainedModel) -> str | None:
+        """Why the packed forward (`encoders.packed`: the model's own forward on one row of real tokens)
+        cannot run this backbone, or None when it can."""
+        if not backbone._supports_attention_backend:
+            return f"{type(backbone).__name__} does not route attention through transformers' attention interface"
+        if "position_ids" not in inspect.signature(backbone.forward).parameters:
+            return f"{type(backbone).__name__} takes no position_ids"
+        return None
 
     # ----- positions -----------------------------------------------------------------------
     def first_position(self) -> int:
@@ -128,24 +133,6 @@ class BackboneFamily:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return config.num_hidden_layers, kv_heads, head_dim
 
-    # ----- packed forward (families that have one override these) --------------------------
-    def layers(self, backbone: PreTrainedModel) -> Sequence[nn.Module]:
-        raise NotImplementedError
-
-    def packed_embed(self, backbone: PreTrainedModel, layout: Any, input_ids: Tensor | None,
-                     inputs_embeds: Tensor | None, positions: Tensor) -> tuple[Tensor, Any]:
-        """(packed hidden states after the embeddings, per-forward context the layers need, e.g. rotary
-        cos/sin). `positions`: (tokens,) packed position ids."""
-        raise NotImplementedError
-
-    def packed_layer(self, layer: nn.Module, hidden: Tensor, layout: Any, context: Any,
-                     prefix: tuple[Tensor, Tensor] | None) -> Tensor:
-        raise NotImplementedError
-
-    def packed_final(self, backbone: PreTrainedModel, hidden: Tensor) -> Tensor:
-        """What the padded forward applies after the last layer (a final norm), on packed rows."""
-        return hidden
-
 
 class EncoderFamily(BackboneFamily):
     """Any other masked-LM encoder: the padded forward, poolers and [MASK] templates; no prefix."""
@@ -169,8 +156,8 @@ class DecoderFamily(BackboneFamily):
     causal = True
     default_pooler = "last"
     template_readout = "last"
-    prefix_through_cache = True
-    dropout_keys = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop")  # Llama-shaped; GPT-2's
+    # Llama-shaped: attention_dropout; OPT: dropout too; GPT-2, Phi-3: *_pdrop
+    dropout_keys = ("attention_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop")
 
     def pooler_refusal(self, pooler: str) -> str | None:
         if pooler in ("cls", "cls_before_pooler"):

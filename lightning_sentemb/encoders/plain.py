@@ -15,10 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
-from .packed import TokenLayout, layout_of, packed_forward
+from .packed import PACKED, TokenLayout, is_packed, layout_of, packed_forward, set_attention
 from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,8 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 
-# from_pretrained options of the backbone weights (dtype, 4-bit quantization, dropout probabilities) for
+# from_pretrained options of the backbone weights (dtype, 4-bit quantization, dropout probabilities, the
+# attention kernel of the padded forward) for
 # the encoders built in `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no
 # method passes them on.
 _BACKBONE_OPTIONS: ContextVar[dict[str, Any]] = ContextVar("backbone_options", default={})
@@ -172,9 +174,10 @@ class Encoder(nn.Module):
     the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without; when it
     defers them, `load_backbone` loads them later (`SentEmbMethod.configure_model`).
 
-    Speed switches (set by the method from `padding_free` / `compile_layers`, see `configure_speed`):
-    the padding-free forward (`encoders.packed`) is on by default wherever it is exact; the MLM
-    auxiliary head stays on the padded forward.
+    Speed switches (set by the method from `padding_free`, `attn_implementation` and `compile_layers`,
+    see `configure_speed`): the padding-free forward (`encoders.packed`) is on by default wherever the
+    backbone supports it, the MLM auxiliary head included; an `attn_implementation` in the loading
+    options selects transformers' padded forward with that kernel instead.
     """
 
     # formats whose rows carry `pool_position` (templates) may pool with "mask"
@@ -208,11 +211,15 @@ class Encoder(nn.Module):
             self.set_backbone(backbone_skeleton(self.auto_class, backbone, options))
         else:
             self.set_backbone(load_pretrained(self.auto_class, backbone, **options))
+        self.attn_implementation: str | None = options.get("attn_implementation")
+        # the padded forward's kernel: the one asked for, else what transformers picked at loading (SDPA)
+        self.padded_attention: str = self.backbone.config._attn_implementation
+        self.packed_kernel = "auto"  # `encoders.packed.Kernel`; tests pick one
+        self.layers_compiled = False
         self.family = family_of(self.backbone.config)
         self.format = PlainFormat(self.tokenizer)
-        # on wherever exact, also for encoders built without `configure_speed` (exports)
-        self.padding_free = self.family.packed_refusal() is None
-        self.layer_fn = self.family.packed_layer
+        # on wherever supported, also for encoders built without `configure_speed` (exports)
+        self.set_padding_free(self.attn_implementation is None and self.family.packed_refusal(self.backbone) is None)
 
     def set_backbone(self, model: PreTrainedModel) -> None:
         """Take `model` (an `auto_class` model: with the MLM head when there is one) as the backbone."""
@@ -230,8 +237,12 @@ class Encoder(nn.Module):
 
     def load_backbone(self, **options: Any) -> None:
         """Replace the skeleton by the backbone's weights, `from_pretrained(..., **options)` (a `device_map`
-        loads them straight onto that device)."""
+        loads them straight onto that device); the speed switches set on the skeleton carry over."""
+        padding_free = self.padding_free
         self.set_backbone(load_pretrained(self.auto_class, self.name_or_path, **options))
+        self.set_padding_free(padding_free)
+        if self.layers_compiled:
+            self.compile_layers()
 
     @property
     def hidden_size(self) -> int:
@@ -241,18 +252,34 @@ class Encoder(nn.Module):
     def max_length(self) -> int:
         return min(self.tokenizer.model_max_length, self.family.max_positions)
 
+    @property
+    def padding_free(self) -> bool:
+        return is_packed(self.backbone)
+
+    def set_padding_free(self, padding_free: bool) -> None:
+        set_attention(self.backbone, PACKED if padding_free else self.padded_attention)
+
     def configure_speed(self, padding_free: bool, compile_layers: bool) -> None:
-        """Padding-free forward where the backbone supports it (else the padded one, with the reason
-        logged); `compile_layers` compiles the packed layer with dynamic token counts, so a new batch
-        length does not recompile."""
-        reason = self.family.packed_refusal() if padding_free else None
+        """Padding-free forward where the backbone supports it and no `attn_implementation` was asked for
+        (else the padded one, with the reason logged); `compile_layers` compiles each of the backbone's
+        layers (`torch.compile`, dynamic shapes, so a new batch length does not recompile)."""
+        reason = None
+        if padding_free and self.attn_implementation is not None:
+            reason = f"attn_implementation {self.attn_implementation!r} selects transformers' padded forward"
+        elif padding_free:
+            reason = self.family.packed_refusal(self.backbone)
         if reason is not None:
             log.warning("padding-free forward off for %s: %s; using the padded forward", self.name_or_path, reason)
-        self.padding_free = padding_free and reason is None
-        if compile_layers and not self.padding_free:
-            log.warning("compile_layers applies to the padding-free forward only; it is off here")
-        compiled = compile_layers and self.padding_free
-        self.layer_fn = torch.compile(self.family.packed_layer, dynamic=True) if compiled else self.family.packed_layer
+        self.set_padding_free(padding_free and reason is None)
+        self.layers_compiled = compile_layers
+        if compile_layers:
+            self.compile_layers()
+
+    def compile_layers(self) -> None:
+        """`torch.compile` every transformers layer of the backbone (dynamic shapes)."""
+        for module in self.backbone.modules():
+            if isinstance(module, GradientCheckpointingLayer):
+                module.compile(dynamic=True)
 
     def call_backbone(
         self,
@@ -260,16 +287,18 @@ class Encoder(nn.Module):
         input_ids: Tensor | None = None,
         inputs_embeds: Tensor | None = None,
         position_ids: Tensor | None = None,
+        output_hidden_states: bool | None = None,
     ) -> Any:
         """The backbone on these rows, padding-free when switched on (same outputs at real tokens).
         Positions default to the family's numbering from each row's first token."""
         attention_mask = features["attention_mask"]
         if position_ids is None:
             position_ids = self.family.position_ids(input_ids, attention_mask)
-        output_hidden_states = self.pooler in LAYER_POOLERS
+        if output_hidden_states is None:
+            output_hidden_states = self.pooler in LAYER_POOLERS
         if self.padding_free:
-            return packed_forward(self.backbone, self.family, layout_of(features), input_ids, inputs_embeds, position_ids,
-                                  output_hidden_states=output_hidden_states, layer_fn=self.layer_fn)
+            return packed_forward(self.backbone, layout_of(features), input_ids, inputs_embeds, position_ids,
+                                  output_hidden_states=output_hidden_states, kernel=self.packed_kernel)
         return self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
                              position_ids=position_ids, output_hidden_states=output_hidden_states)
 
@@ -293,8 +322,10 @@ class Encoder(nn.Module):
         return row_states
 
     def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
-        """MLM logits of the masked-LM model's padded forward (`layout` serves formats whose MLM forward
-        runs packed)."""
+        """MLM logits: the backbone's forward (packed with the batch's `layout` when switched on), then the
+        masked-LM model's head."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        return self.mlm_model(input_ids=input_ids, attention_mask=attention_mask).logits
+        features = {"attention_mask": attention_mask, "layout": layout}
+        hidden = self.call_backbone(features, input_ids=input_ids, output_hidden_states=False).last_hidden_state
+        return self.family.mlm_logits(self.mlm_model, hidden)

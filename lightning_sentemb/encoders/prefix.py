@@ -5,29 +5,26 @@ vectors that the sentence tokens attend to. The prefix never enters the hidden s
 backbone's outputs cover the sentence tokens only and poolers use the sentence's own attention
 mask (the DCPCSE reference hands the prefix-extended mask to its mean poolers, a bug we avoid).
 
-Two ways in, the backbone family decides which (`prefix_through_cache`):
-
-- the padded forward, with the prefix handed to the model as a ``DynamicCache`` (BERT, RoBERTa,
-  decoders): the model treats it as past tokens, visible to every token (a causal decoder's tokens
-  see the whole prefix and, within the sentence, what precedes them). Models write each forward's
-  own keys/values into that cache (``BertSelfAttention`` calls ``cache.update`` even when
-  ``use_cache`` is off), so a fresh cache is built for every forward;
-- the packed forward (`encoders.packed`), the prefix keys/values joining each layer's keys: the
-  only way for ModernBERT, whose attention takes no cache.
+The prefix joins attention through our attention function (`encoders.packed.sentemb_attention`), on
+the packed and the padded forward alike: the forward carries every layer's prefix
+(`LayerPrefixes`), and each attention layer prepends its own to its keys and values, visible to every
+token (a causal decoder's tokens see the whole prefix and, within the sentence, what precedes them; a
+sliding-window layer's, the whole prefix too). Any backbone whose attention goes through
+transformers' attention interface takes it, with or without a key/value cache (DistilBERT, ELECTRA,
+ModernBERT), and gradient checkpointing keeps it (it rides in the forward's arguments, not a cache).
 
 Decoders with grouped-query attention get one prefix per key/value head (``prefix_dims``).
 """
 
-import inspect
 from typing import Literal
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..backbones import family_of
-from .packed import TokenLayout, packed_forward
+from .packed import PADDED, Kernel, LayerPrefixes, TokenLayout, is_packed, packed_forward, set_attention
 
 __all__ = ["PrefixEncoder", "PrefixedBackbone", "prefix_parameter_count"]
 
@@ -137,7 +134,9 @@ class PrefixedBackbone(nn.Module):
       ``max_position_embeddings`` stays usable.
 
     Positions are passed explicitly on both paths (the family's numbering from each row's first token).
-    ``forward`` returns the backbone's outputs, covering the sentence tokens only.
+    ``forward`` returns the backbone's outputs, covering the sentence tokens only. The backbone runs
+    packed when its attention is set to the packed function (`Encoder.configure_speed`), else padded
+    through ours (SDPA with the prefix), which this sets.
     """
 
     def __init__(
@@ -157,8 +156,9 @@ class PrefixedBackbone(nn.Module):
         self.backbone.requires_grad_(False)
         self.prefix_len = prefix_len
         self.position_offset = position_offset
-        # the cache's keyword: `cache` since transformers 5.x deprecated `past_key_values`
-        self.cache_keyword = "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
+        if not is_packed(backbone):
+            set_attention(backbone, PADDED)
+        self.layer_of: dict[nn.Module, int] = {}  # attention module -> layer (`LayerPrefixes`)
         self.prefix_encoder = PrefixEncoder.from_config(backbone.config, prefix_len, projection, projection_hidden_size, dropout)
 
     @property
@@ -172,15 +172,11 @@ class PrefixedBackbone(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
-        padding_free: bool = False,
-        layer_fn=None,
         layout: TokenLayout | None = None,
+        kernel: Kernel = "auto",
     ) -> BaseModelOutput:
-        """Run the backbone with the prefix.
-
-        ``padding_free``: the packed forward (``encoders.packed``, with ``layer_fn`` and the batch's
-        ``layout``), the prefix keys/values visible to every real token; families whose padded forward
-        takes no cache always run packed."""
+        """Run the backbone with the prefix; packed (with the batch's ``layout``, else one built from the
+        mask, and the attention ``kernel``) when the backbone is set up for it."""
         batch_size, seq_len = input_ids.shape
         if seq_len > self.max_sentence_length:
             raise ValueError(
@@ -189,25 +185,15 @@ class PrefixedBackbone(nn.Module):
             )
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        prefix = self.prefix_encoder(batch_size)
+        prefix = LayerPrefixes(self.prefix_encoder(batch_size), self.layer_of)
         past = self.prefix_len if self.position_offset == "shifted" else 0
         position_ids = self.family.position_ids(input_ids, attention_mask, past)
-        if padding_free or not self.family.prefix_through_cache:
+        if is_packed(self.backbone):
             layout = TokenLayout.from_mask(attention_mask) if layout is None else layout.to(input_ids.device)
-            return packed_forward(self.backbone, self.family, layout, input_ids, position_ids=position_ids,
-                                  prefix=prefix, output_hidden_states=output_hidden_states, layer_fn=layer_fn)
-        # The model appends this forward's keys/values to the cache, so it must never be reused.
-        cache = DynamicCache(config=self.backbone.config)
-        for layer_idx, (key, value) in enumerate(prefix):
-            cache.update(key, value, layer_idx)
-        prefix_mask = attention_mask.new_ones(batch_size, self.prefix_len)
-        return self.backbone(
-            input_ids=input_ids,
-            attention_mask=torch.cat([prefix_mask, attention_mask], dim=1),
-            position_ids=position_ids,
-            output_hidden_states=output_hidden_states,
-            **{self.cache_keyword: cache},
-        )
+            return packed_forward(self.backbone, layout, input_ids, position_ids=position_ids, prefix=prefix,
+                                  output_hidden_states=output_hidden_states, kernel=kernel)
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             output_hidden_states=output_hidden_states, use_cache=False, sentemb_prefix=prefix)
 
 
 def prefix_parameter_count(

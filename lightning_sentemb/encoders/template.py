@@ -218,7 +218,8 @@ class TemplateEncoder(Encoder):
         self.format = TemplateFormat(self.tokenizer, templates, self.family.first_position(), self.family.template_readout)
         self.prompt: nn.Parameter | None = None
         if self.format.num_prompt_slots:
-            shape = (self.format.num_prompt_slots, self.hidden_size)
+            # input-embedding vectors: their size, not the hidden one (ELECTRA-small: 128 vs 256)
+            shape = (self.format.num_prompt_slots, self.backbone.get_input_embeddings().embedding_dim)
             if prompt_init == "uniform":
                 initial = torch.rand(shape)
             elif prompt_init == "normal":

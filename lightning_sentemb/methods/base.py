@@ -52,6 +52,7 @@ from .collator import Collator
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "flex_attention"]
 
 
 _WEIGHTS_IN_CONFIGURE_MODEL: ContextVar[bool] = ContextVar("weights_in_configure_model", default=False)
@@ -116,11 +117,14 @@ class SentEmbMethod(LightningModule):
             (its number of negatives) fits a small GPU. Training then uses manual optimization:
             `trainer.gradient_clip_val` applies as usual (`on_before_optimizer_step`),
             `accumulate_grad_batches` is refused. See `grad_cache_backward`.
-        padding_free: run the encoder without computing on padding (`encoders.packed`; same
-            results); false = the backbone's own padded forward. Unsupported backbones fall back
-            with a logged reason.
-        compile_layers: `torch.compile` the padding-free layer (dynamic token counts: no recompile
-            per batch length). Off by default: compiling costs minutes and pays only on long runs.
+        padding_free: run the encoder without computing on padding (`encoders.packed`: the backbone's
+            own forward on the real tokens, same results); false = the backbone's own padded forward
+            (as `attn_implementation: sdpa`). Unsupported backbones fall back with a logged reason.
+        attn_implementation: null = padding-free wherever the backbone supports it (`padding_free`);
+            sdpa | eager | flash_attention_2 | flex_attention = transformers' own padded forward with
+            that attention kernel (the baseline of the GPU benchmark; DCPCSE: null or sdpa).
+        compile_layers: `torch.compile` each backbone layer (dynamic shapes: no recompile per batch
+            length), packed or padded. Off by default: compiling costs minutes and pays only on long runs.
         lora: LoRA adapters through peft, `{r, alpha, dropout, target_modules}` (see
             `encoders.lora.LoraSettings`; missing keys take the PromptEOL reference's r 64, alpha 16,
             dropout 0.05, all-linear); null = off. The backbone is frozen: only the adapters and the
@@ -158,6 +162,7 @@ class SentEmbMethod(LightningModule):
         sts_aggregation: Literal["all", "wmean", "mean"] = "all",
         grad_cache_chunk: int = 0,
         padding_free: bool = True,
+        attn_implementation: AttnImplementation | None = None,
         compile_layers: bool = False,
         lora: LoraSettings | None = None,
         gradient_checkpointing: bool = False,
@@ -175,6 +180,11 @@ class SentEmbMethod(LightningModule):
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
         options = with_dropout(from_pretrained_options(backbone_dtype, load_in_4bit), self.family, dropout)
+        if attn_implementation is not None:
+            if attn_implementation not in AttnImplementation.__args__:
+                raise SentEmbUserError(f"model.init_args.attn_implementation must be null or one of "
+                                       f"{', '.join(AttnImplementation.__args__)}, got {attn_implementation!r}")
+            options["attn_implementation"] = attn_implementation
         try:
             with backbone_loading(defer_weights=_WEIGHTS_IN_CONFIGURE_MODEL.get(), **options):
                 self.encoder = self.build_encoder()
@@ -216,6 +226,8 @@ class SentEmbMethod(LightningModule):
         hp = self.hparams
         if self.encoder.weights_deferred:
             options = from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit, self.weights_device())
+            if hp.attn_implementation is not None:
+                options["attn_implementation"] = hp.attn_implementation
             self.encoder.load_backbone(**with_dropout(options, self.family, hp.dropout))
         backbone = self.encoder.backbone
         if hp.lora is not None:

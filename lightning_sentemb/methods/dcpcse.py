@@ -36,7 +36,7 @@ from transformers import PreTrainedConfig
 
 from ..backbones import UnsupportedBackbone
 from ..encoders.lora import has_lora, save_backbone
-from ..encoders.packed import TokenLayout
+from ..encoders.packed import PADDED, TokenLayout
 from ..encoders.plain import LAYER_POOLERS, Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
 from ..errors import SentEmbUserError
@@ -72,9 +72,13 @@ class PrefixTunedEncoder(Encoder):
         position_offset: PositionOffset = "shifted",
     ) -> None:
         super().__init__(backbone, pooler, with_mlm_head)
-        refusal = self.family.prefix_refusal()
+        refusal = self.family.prefix_refusal(self.backbone)
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
+        if self.attn_implementation not in (None, "sdpa"):
+            raise SentEmbUserError("model.init_args.attn_implementation: DCPCSE's prefix joins the padded forward's "
+                                   f"attention through SDPA, not {self.attn_implementation}; use null or sdpa")
+        self.padded_attention = PADDED  # SDPA with the prefix
         self.prefixed = PrefixedBackbone(
             self.backbone, prefix_len, projection, projection_hidden_size, dropout, position_offset
         )
@@ -92,17 +96,16 @@ class PrefixTunedEncoder(Encoder):
             features["input_ids"],
             features["attention_mask"],
             output_hidden_states=self.pooler in LAYER_POOLERS,
-            padding_free=self.padding_free,
-            layer_fn=self.layer_fn,
             layout=features.get("layout"),
+            kernel=self.packed_kernel,
         )
 
     def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
-        """MLM through the prefix too, so the auxiliary loss trains it (as in the reference); packed where
-        the prefix needs it (ModernBERT), with the batch's layout."""
+        """MLM through the prefix too, so the auxiliary loss trains it (as in the reference); packed with
+        the batch's layout when the encoder is."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        hidden = self.prefixed(input_ids, attention_mask, layout=layout).last_hidden_state
+        hidden = self.prefixed(input_ids, attention_mask, layout=layout, kernel=self.packed_kernel).last_hidden_state
         return self.family.mlm_logits(self.mlm_model, hidden)
 
 
@@ -162,16 +165,6 @@ class DCPCSE(SimCSE):
         **kwargs: Any,
     ) -> None:
         super().__init__(backbone, lr=lr, **kwargs)
-        through_cache = self.encoder.family.prefix_through_cache  # else (ModernBERT) always packed
-        if self.hparams.gradient_checkpointing and through_cache and (not self.encoder.padding_free
-                                                                      or self.hparams.mlm_weight > 0):
-            # transformers' checkpointed layers drop the key/value cache that carries the prefix on the
-            # padded forward (and the MLM forward is padded); the packed forward checkpoints with it
-            raise SentEmbUserError(
-                "model.init_args.gradient_checkpointing: DCPCSE's prefix reaches the padded forward through the "
-                "key/value cache, which transformers' checkpointing drops; use it with padding_free true (on a "
-                "backbone the padding-free forward supports) and mlm_weight 0, or turn it off"
-            )
         if hinge_weight > 0:
             self.loss_fn = InfoNCEHingeLoss(
                 self.hparams.temperature, self.hparams.hard_negative_weight, hinge_margin, hinge_weight
