@@ -1,0 +1,91 @@
+"""World-size invariance: k processes equal 1 process with the same global batch.
+
+`sentemb fit` on 2 CPU processes (gloo, `strategy: ddp`, batch 4 each) and on 1 process (batch 8),
+dropout 0, fp32, 3 steps at the default lr 3e-5: each step trains on the same 8 examples, and the
+checkpointed state after the last step is the same (every weight; ClusterNS's centroids, which start at
+step 1 with σ 1.0; LoRA's adapters) within 1e-6. AdamW's first steps move every trained weight by about
+the lr whatever its gradient's size, so a gradient of another direction shows 30x above that; sums
+taken in another order differ by rounding, which AdamW's normalization lifts to ~1e-7 on weights whose
+true gradient is 0 (attention key biases). The in-batch negatives are the global
+batch (`distributed.gather_with_grad`), the batch sampler gives rank r every world-size-th example of
+one permutation, and DDP averages the ranks' gradients: the single-process gradient.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from tests.test_resume import corpus, read_losses, run_args, trained_state  # noqa: F401 (corpus: a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, GLOBAL_BATCH = 3, 8
+# Averaged tokens: the random tiny BERT's [CLS] vectors are nearly one (1 - cos < 1e-5), where the loss's
+# gradient is mostly rounding (an AdamW step then goes either way) and a sample's two centroid similarities
+# differ by ~1e-7; averaged, the sentences are apart (1 - cos ~ 0.05, centroid gaps > 1e-3).
+COMMON = ["--model.dropout", "0", "--model.pooler", "avg", "--trainer.max_steps", str(STEPS)]
+CASES = {
+    "simcse": ("simcse", []),
+    "clusterns": ("clusterns", []),
+    "simcse-gradcache": ("simcse", ["--model.grad_cache_chunk", "3"]),
+    "simcse-lora": ("simcse", ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0, target_modules: all-linear}"]),
+}
+
+
+class RecordRows(Callback):
+    """Appends each step's training rows (token ids without padding) to `<path>.rank<r>`, one JSON line a step."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        features = batch["features"]
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"])]
+        with open(f"{self.path}.rank{trainer.global_rank}", "a") as file:
+            file.write(json.dumps([trainer.global_step, rows]) + "\n")
+
+
+def rows_per_step(path: Path, ranks: int) -> dict[int, list]:
+    """{step: the sorted rows of every rank}."""
+    steps: dict[int, list] = {}
+    for rank in range(ranks):
+        for step, rows in read_losses(Path(f"{path}.rank{rank}")).items():
+            steps.setdefault(step, []).extend(rows)
+    return {step: sorted(rows) for step, rows in steps.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_equal_one_with_the_same_global_batch(case, tiny_bert, sts_fixture, corpus, tmp_path):
+    method, extra = CASES[case]
+    runs = {}
+    for processes in (1, 2):
+        root, rows = tmp_path / f"{processes}-processes", tmp_path / f"rows-{processes}"
+        callbacks = root.parent / f"{root.name}-callbacks.yaml"
+        callbacks.write_text(json.dumps({"trainer": {"callbacks": [
+            {"class_path": "tests.test_world_size.RecordRows", "init_args": {"path": str(rows)}}]}}))
+        args = run_args(method, tiny_bert, sts_fixture, corpus, root, 0, *COMMON, *extra, "-c", str(callbacks),
+                        "--data.batch_size", str(GLOBAL_BATCH // processes),
+                        *(["--trainer.strategy", "ddp", "--trainer.devices", "2"] if processes == 2 else []))
+        done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, timeout=600,
+                              env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[processes] = rows_per_step(rows, processes), trained_state(root)
+    (rows_1, state_1), (rows_2, state_2) = runs[1], runs[2]
+    assert sorted(rows_1) == list(range(STEPS)) and rows_2 == rows_1  # the same examples at every step
+    assert len(rows_1[0]) == 2 * GLOBAL_BATCH  # two views of each example
+    assert state_2.keys() == state_1.keys()
+    if case == "clusterns":
+        assert bool(state_1["cluster_state.initialized"]) and int(state_1["cluster_state.num_updates"]) == STEPS - 1
+    for name, tensor in state_1.items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(state_2[name], tensor, atol=1e-6, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+        else:
+            assert torch.equal(state_2[name], tensor), name
