@@ -227,8 +227,9 @@ def fit_summary(trainer: Trainer, checkpoint: SentEmbCheckpoint, monitor_label: 
     files = [("best.ckpt", best), ("last.ckpt", str(checkpoint.last_path))]
     files += [("metrics.csv", logger.experiment.metrics_file_path) for logger in trainer.loggers
               if isinstance(logger, CSVLogger)]
-    offline_runs = [str(Path(logger.experiment.dir).parent) for logger in trainer.loggers
-                    if isinstance(logger, WandbLogger) and logger.experiment.offline]
+    # a resumed run continues the same W&B run (same id) in a new offline folder: every one is named
+    offline_runs = [str(folder) for logger in trainer.loggers if isinstance(logger, WandbLogger) and logger.experiment.offline
+                    for folder in sorted(Path(logger.experiment.dir).parent.parent.glob(f"offline-run-*-{logger.version}"))]
     files = [(name, path) for name, path in files if path and Path(path).is_file()]
     files += [("W&B run", run) for run in offline_runs]
     width = max((len(name) for name, _ in files), default=0)

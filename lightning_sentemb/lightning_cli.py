@@ -101,6 +101,8 @@ class SentEmbCLI(LightningCLI):
         fit continues its CSV version and W&B run), our progress bar and model summary when the
         config names none."""
         config = self._get(self.config_init, "trainer", default={})
+        if self.subcommand in ("fit", "validate", "test"):
+            self.datamodule.check_data(self.subcommand)  # missing data: before the loggers make the run folder
         self._resolve_last()
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
@@ -158,7 +160,6 @@ class SentEmbCLI(LightningCLI):
             rank_zero_info(f"--overwrite: deleted {len(stale)} checkpoint(s) of an earlier run in {folder}")
 
     def before_fit(self) -> None:
-        self.datamodule.check_data("fit")
         self._refuse_stale_checkpoints()
 
     def _resolve_best(self) -> None:
@@ -175,11 +176,11 @@ class SentEmbCLI(LightningCLI):
         config["ckpt_path"] = str(best)
 
     def before_test(self) -> None:
-        self.datamodule.check_data("test")
+        """The method prints the STS table once; Lightning's per-DataLoader tables would repeat its numbers."""
         self._resolve_best()
+        self.config_init[self.subcommand]["verbose"] = False
 
     def before_validate(self) -> None:
-        self.datamodule.check_data("validate")
         self._resolve_best()
 
 

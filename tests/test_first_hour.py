@@ -117,7 +117,8 @@ def test_missing_training_file_names_path_and_fetch_command_before_any_wandb_run
     line = error_line(capsys, *fit_args(tiny_bert, sts_fixture, root, "--data.train_file", "corpora/nli_for_simcse.csv"))
     assert str(sts_fixture / "corpora" / "nli_for_simcse.csv") in line
     assert "sentemb data download --to" in line
-    assert not (root / "wandb").exists()
+    assert "--data.data_dir" in line and "--data-dir" not in line  # fit's option, not evaluate's
+    assert not root.exists()  # no empty run folder, no W&B run
 
 
 def test_sweep_without_the_extra_names_the_pip_command(monkeypatch, capsys):
@@ -135,6 +136,7 @@ def test_data_check_reports_every_group_and_fails_only_for_required_ones(sts_fix
     groups = ("sts", "transfer", "cluster", "wiki1m", "nli")
     states = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[:1] in ([g] for g in groups)}
     assert states == {"sts": "ok", "transfer": "missing", "cluster": "missing", "wiki1m": "ok", "nli": "missing"}
+    assert "unsupervised training corpus: subset (160 of 1,000,000 lines)" in out  # the fixture's 160 lines
     assert f"sentemb data download --to {sts_fixture} --what nli" in out
     with pytest.raises(SystemExit) as exit_info:
         main(["data", "check", "--data-dir", str(sts_fixture), "--require", "sts,transfer"])
