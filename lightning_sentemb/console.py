@@ -164,7 +164,7 @@ class PlainLines(tqdm):
     """tqdm for a log file: its status as a whole line (no carriage returns) every 30 s and when done."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **{**kwargs, "mininterval": 30.0, "ascii": True, "leave": False})
+        super().__init__(*args, **{**kwargs, "mininterval": 30.0, "maxinterval": 30.0, "ascii": True, "leave": False})
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         self.fp.write(f"{self}\n")
