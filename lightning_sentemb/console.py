@@ -24,6 +24,17 @@ from .distributed import at_decision_step
 TRAINING_LOSS = "train/loss"
 
 
+def epoch_total(trainer: Trainer) -> int | float:
+    """The batch of this epoch at which it ends or the run does. A bar counts batches from the epoch's
+    start, also in a resumed epoch, where Lightning's total (the steps left) would read 40/32."""
+    total = trainer.num_training_batches
+    if trainer.max_steps is None or trainer.max_steps < 0 or total == float("inf"):
+        return total
+    in_epoch = trainer.fit_loop.epoch_loop.batch_progress.total.processed - trainer.current_epoch * total
+    remaining = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+    return min(total, in_epoch + remaining)
+
+
 class SentEmbProgressBar(RichProgressBar):
     """Lightning's Rich bar with three significant digits (a loss of 6.7e-4 shows as 0.00067, not
     0.000), "Epoch N" alone when the run is bounded by steps (Lightning shows "Epoch 0/-2"), the
@@ -43,16 +54,7 @@ class SentEmbProgressBar(RichProgressBar):
 
     @property
     def total_train_batches(self) -> int | float:
-        """The batch of this epoch at which it ends or the run does. The bar counts batches from the
-        epoch's start, also in a resumed epoch, where Lightning's total (the steps left) would
-        read 40/32."""
-        trainer = self.trainer
-        total = trainer.num_training_batches
-        if trainer.max_steps is None or trainer.max_steps < 0 or total == float("inf"):
-            return total
-        in_epoch = trainer.fit_loop.epoch_loop.batch_progress.total.processed - trainer.current_epoch * total
-        remaining = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
-        return min(total, in_epoch + remaining)
+        return epoch_total(self.trainer)
 
     # Values are read back from the device only when they change: the training loss every
     # `log_every_n_steps` steps (when the loggers get it), the score after each validation. A read
@@ -98,6 +100,10 @@ class PlainProgress(ProgressBar):
         self._start = self._last_line = 0.0
         self._first_step = 0
         self._sentences = 0
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return epoch_total(self.trainer)
 
     def disable(self) -> None:
         self._enabled = False
