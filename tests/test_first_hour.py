@@ -334,13 +334,15 @@ def test_a_fit_logged_to_a_file_prints_plain_progress_lines_as_it_goes(tiny_bert
                       "--trainer.enable_model_summary", "false")]
     with log.open("w") as file:
         done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], stdout=file, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}, timeout=300)
+                              env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}, timeout=900)
     lines = log.read_text().splitlines()
     assert done.returncode == 0, lines[-20:]
     end = next(i for i, line in enumerate(lines) if line.startswith("fit done: 12 steps."))
     progress = [line for line in lines[:end] if line.startswith(("step ", "validation at step "))]
-    assert [line.split(" · ")[0] for line in progress] == [
-        "validation at step 6: STS-B dev " + progress[0].rsplit(" ", 1)[-1], "step 10/12",
-        "validation at step 12: STS-B dev " + progress[2].rsplit(" ", 1)[-1], "step 12/12"]
-    assert "loss " in progress[1] and "sentences/s" in progress[1] and "ETA " in progress[1]
+    heads = [line.split(" · ")[0] for line in progress]  # plus a line whenever 30 s pass on a slow machine
+    assert "step 10/12" in heads and heads[-1] == "step 12/12"
+    assert [head.rsplit(" ", 1)[0] for head in heads if head.startswith("validation")] == [
+        "validation at step 6: STS-B dev", "validation at step 12: STS-B dev"]
+    step_10 = progress[heads.index("step 10/12")]
+    assert "loss " in step_10 and "sentences/s" in step_10 and "ETA " in step_10
     assert "━" not in log.read_text()  # no Rich bar
