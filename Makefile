@@ -43,14 +43,18 @@ demo: $(STAMP)
 		--name "MiniLM, before" "MiniLM + SimCSE, after $(DEMO_STEPS) steps" \
 		--pooler avg --precision bf16 --output out/demo/simcse/sts.json
 
+# `exec`: pytest is make's own child, so the SIGTERM make passes on reaches it, and tests/conftest.py
+# stops the xdist workers and whatever they started with it (a shell in between would die alone).
 test: $(STAMP)
-	WANDB_MODE=disabled $(BIN)/python -m pytest -n 2 --durations=15 -q
+	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 --durations=15 -q
 
+# The suite without the tests marked slow.
 test-fast: $(STAMP)
-	WANDB_MODE=disabled $(BIN)/python -m pytest -n 2 -q -m "not slow"
+	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 -q -m "not slow"
 
+# make train METHOD=demo/simcse ARGS='--trainer.max_steps 20 --model.init_args.lr 1e-5'
 train: $(STAMP)
-	$(BIN)/sentemb fit -c experiments/$(METHOD).yaml
+	$(BIN)/sentemb fit -c experiments/$(METHOD).yaml $(ARGS)
 
 bench: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python benchmarks/bench.py

@@ -24,6 +24,17 @@ from .distributed import at_decision_step
 TRAINING_LOSS = "train/loss"
 
 
+def epoch_total(trainer: Trainer) -> int | float:
+    """The batch of this epoch at which it ends or the run does. A bar counts batches from the epoch's
+    start, also in a resumed epoch, where Lightning's total (the steps left) would read 40/32."""
+    total = trainer.num_training_batches
+    if trainer.max_steps is None or trainer.max_steps < 0 or total == float("inf"):
+        return total
+    in_epoch = trainer.fit_loop.epoch_loop.batch_progress.total.processed - trainer.current_epoch * total
+    remaining = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+    return min(total, in_epoch + remaining)
+
+
 class SentEmbProgressBar(RichProgressBar):
     """Lightning's Rich bar with three significant digits (a loss of 6.7e-4 shows as 0.00067, not
     0.000), "Epoch N" alone when the run is bounded by steps (Lightning shows "Epoch 0/-2"), the
@@ -43,16 +54,7 @@ class SentEmbProgressBar(RichProgressBar):
 
     @property
     def total_train_batches(self) -> int | float:
-        """The batch of this epoch at which it ends or the run does. The bar counts batches from the
-        epoch's start, also in a resumed epoch, where Lightning's total (the steps left) would
-        read 40/32."""
-        trainer = self.trainer
-        total = trainer.num_training_batches
-        if trainer.max_steps is None or trainer.max_steps < 0 or total == float("inf"):
-            return total
-        in_epoch = trainer.fit_loop.epoch_loop.batch_progress.total.processed - trainer.current_epoch * total
-        remaining = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
-        return min(total, in_epoch + remaining)
+        return epoch_total(self.trainer)
 
     # Values are read back from the device only when they change: the training loss every
     # `log_every_n_steps` steps (when the loggers get it), the score after each validation. A read
@@ -98,6 +100,10 @@ class PlainProgress(ProgressBar):
         self._start = self._last_line = 0.0
         self._first_step = 0
         self._sentences = 0
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return epoch_total(self.trainer)
 
     def disable(self) -> None:
         self._enabled = False
@@ -164,7 +170,7 @@ class PlainLines(tqdm):
     """tqdm for a log file: its status as a whole line (no carriage returns) every 30 s and when done."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **{**kwargs, "mininterval": 30.0, "ascii": True, "leave": False})
+        super().__init__(*args, **{**kwargs, "mininterval": 30.0, "maxinterval": 30.0, "ascii": True, "leave": False})
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         self.fp.write(f"{self}\n")
@@ -227,8 +233,9 @@ def fit_summary(trainer: Trainer, checkpoint: SentEmbCheckpoint, monitor_label: 
     files = [("best.ckpt", best), ("last.ckpt", str(checkpoint.last_path))]
     files += [("metrics.csv", logger.experiment.metrics_file_path) for logger in trainer.loggers
               if isinstance(logger, CSVLogger)]
-    offline_runs = [str(Path(logger.experiment.dir).parent) for logger in trainer.loggers
-                    if isinstance(logger, WandbLogger) and logger.experiment.offline]
+    # a resumed run continues the same W&B run (same id) in a new offline folder: every one is named
+    offline_runs = [str(folder) for logger in trainer.loggers if isinstance(logger, WandbLogger) and logger.experiment.offline
+                    for folder in sorted(Path(logger.experiment.dir).parent.parent.glob(f"offline-run-*-{logger.version}"))]
     files = [(name, path) for name, path in files if path and Path(path).is_file()]
     files += [("W&B run", run) for run in offline_runs]
     width = max((len(name) for name, _ in files), default=0)

@@ -111,6 +111,8 @@ class SentEmbCLI(LightningCLI):
         config names none."""
         config = self._get(self.config_init, "trainer", default={})
         use_tf32(self._get(self.config_init, "tf32"))  # before the Trainer checks the device's matmul precision
+        if self.subcommand in ("fit", "validate", "test"):
+            self.datamodule.check_data(self.subcommand)  # missing data: before the loggers make the run folder
         self._resolve_last()
         callbacks = config.get("callbacks") or []
         callbacks = list(callbacks) if isinstance(callbacks, list) else [callbacks]
@@ -168,7 +170,6 @@ class SentEmbCLI(LightningCLI):
             rank_zero_info(f"--overwrite: deleted {len(stale)} checkpoint(s) of an earlier run in {folder}")
 
     def before_fit(self) -> None:
-        self.datamodule.check_data("fit")
         self._refuse_stale_checkpoints()
 
     def _resolve_best(self) -> None:
@@ -185,11 +186,11 @@ class SentEmbCLI(LightningCLI):
         config["ckpt_path"] = str(best)
 
     def before_test(self) -> None:
-        self.datamodule.check_data("test")
+        """The method prints the STS table once; Lightning's per-DataLoader tables would repeat its numbers."""
         self._resolve_best()
+        self.config_init[self.subcommand]["verbose"] = False
 
     def before_validate(self) -> None:
-        self.datamodule.check_data("validate")
         self._resolve_best()
 
 

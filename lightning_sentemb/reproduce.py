@@ -56,7 +56,8 @@ def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides:
                 f"--seed_everything={seed}", f"--trainer.default_root_dir={root / f'seed-{seed}'}"]
         try:
             cli = lightning_main(argv)
-            cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=cli.run_checkpoint.best_model_path)
+            cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=cli.run_checkpoint.best_model_path,
+                             verbose=False)  # the method prints its one STS table
             results[seed] = dict(cli.model.test_results)
             keep_best_only(cli)
         finally:

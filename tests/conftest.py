@@ -4,6 +4,8 @@ downloads), the data dir."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,33 @@ ROBERTA_CORPUS = [
 ] * 20
 
 os.environ.setdefault("WANDB_MODE", "disabled")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the process that runs the session (not in an xdist worker): a SIGTERM (`make test` stopped)
+    takes the workers and everything they started with it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop_with_descendants)
+
+
+def stop_with_descendants(signum: int, frame: object) -> None:
+    """Terminate every descendant (xdist workers, their DataLoader workers, the `sentemb` processes tests
+    start), kill those still there after 5 s, then exit: orphans would go on holding memory."""
+    import psutil  # a dependency of wandb
+
+    descendants = psutil.Process().children(recursive=True)
+    for process in descendants:
+        try:
+            process.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(descendants, timeout=5)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    os._exit(128 + signum)
 
 
 def minilm_path() -> str:

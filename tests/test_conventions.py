@@ -181,6 +181,25 @@ def test_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     assert wandb_logger._wandb_init["settings"].silent  # offline: the fit's summary names the run instead
 
 
+def test_the_fit_summary_names_every_offline_folder_of_a_resumed_wandb_run(tmp_path):
+    """W&B writes a resumed run (same id) into a new offline folder: `wandb sync` needs them all."""
+    from types import SimpleNamespace
+
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_sentemb.console import fit_summary
+
+    folders = [tmp_path / "wandb" / f"offline-run-{stamp}" for stamp in ("20261125_101010-abc123",
+                                                                         "20261125_111111-abc123", "20261125_121212-other")]
+    for folder in folders:
+        (folder / "files").mkdir(parents=True)
+    logger = WandbLogger.__new__(WandbLogger)  # the second process of the run, as W&B leaves it
+    logger._experiment = SimpleNamespace(offline=True, dir=str(folders[1] / "files"), id="abc123", _run_id="abc123")
+    summary = fit_summary(SimpleNamespace(global_step=5, loggers=[logger]),
+                          SimpleNamespace(best_model_path="", best_model_score=None, last_path=tmp_path / "last.ckpt"))
+    assert [line.split()[-1] for line in summary.splitlines() if "W&B run" in line] == [str(f) for f in folders[:2]]
+
+
 def test_a_continued_metrics_file_drops_the_rows_the_resume_trains_again(tmp_path):
     """After a hard kill, metrics.csv may hold rows logged after the last checkpoint: the resumed run
     logs those steps again, so they go (train row of step k+1 is logged as step k, as Lightning does)."""

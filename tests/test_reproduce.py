@@ -43,6 +43,8 @@ def test_reproduce_two_seeds_prints_the_table_beside_the_paper(tiny_bert, sts_fi
     main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--seeds", "2", "--paper", "simcse", "--root", str(root), "--",
           *tiny_overrides(tiny_bert, sts_fixture, tmp_path), "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--model.lr=1e-2"])
     out = capsys.readouterr().out
+    assert "Test metric" not in out and out.count("| model | STS12") == 2 + 1  # each seed's table, then the summary
+    assert f"{root}: " in out and " MB on disk (best.ckpt of each seed; last.ckpt removed)" in out
     for row in ("simcse seed 0", "simcse seed 1", "simcse mean ± std", "simcse best of 2 (seed "):
         assert f"| {row}" in out
     for column in ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "Avg."):
@@ -64,5 +66,5 @@ def test_reproduce_two_seeds_prints_the_table_beside_the_paper(tiny_bert, sts_fi
     assert saved["seeds"]["0"] != saved["seeds"]["1"]  # the seed changes the run
     for seed in (0, 1):
         run = root / f"seed-{seed}"
-        assert (run / "checkpoints" / "best.ckpt").exists()
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt"]  # one lean best per run
         assert f"seed_everything: {seed}" in (run / "lightning_logs" / "version_0" / "config.yaml").read_text()

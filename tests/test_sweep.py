@@ -148,6 +148,9 @@ def test_demo_sweep_runs_offline_end_to_end(tiny_bert, sts_fixture, tmp_path, ca
           *tiny_overrides(tiny_bert, sts_fixture, tmp_path), "--trainer.max_steps=6", "--trainer.val_check_interval=2"])
     out = capsys.readouterr().out
     assert "| run | " in out and "\nbest: run-" in out
+    best_command = out.split("\nbest: run-")[1].splitlines()[1]
+    assert best_command.count("--trainer.max_steps") == 1 and "--trainer.max_steps=6" in best_command
+    assert " MB on disk (best.ckpt of each finished run; last.ckpt removed)" in out
     summary = json.loads((root / "summary.json").read_text())
     runs = summary["runs"]
     assert [r["name"] for r in runs] == ["run-000", "run-001", "run-002", "run-003"]
@@ -158,7 +161,7 @@ def test_demo_sweep_runs_offline_end_to_end(tiny_bert, sts_fixture, tmp_path, ca
         assert len(run["history"]) == 3 if run["state"] == "finished" else len(run["history"]) in (2, 3)
         assert run["best"] == max(run["history"])
         folder = root / run["name"]
-        assert (folder / "checkpoints" / "best.ckpt").exists()
+        assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == ["best.ckpt"]  # one lean best per run
         assert SELECTION_METRIC in (folder / "lightning_logs" / "version_0" / "metrics.csv").read_text()
         saved = yaml.safe_load((folder / "lightning_logs" / "version_0" / "config.yaml").read_text())
         assert saved["model"]["init_args"]["lr"] == pytest.approx(run["params"]["model.init_args.lr"])

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import SentEmbUserError
 from ..evaluation import parse_evaluators
 from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
-from .paths import require_file, resolve_data_dir
+from .paths import MissingDataError, require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
 
 if TYPE_CHECKING:
@@ -248,10 +248,13 @@ class SentEmbDataModule(LightningDataModule):
     def check_data(self, stage: str) -> None:
         """Fail with the missing path and the fetch command before a run (and its W&B run) starts:
         the training corpus for `fit`, the STS sets the stage evaluates."""
-        if stage == "fit":
-            require_file(self.train_path(), "training corpus")
-        for name in self.test_tasks if stage == "test" else self.val_tasks:
-            load_sts_task(name, self.data_dir)
+        try:
+            if stage == "fit":
+                require_file(self.train_path(), "training corpus")
+            for name in self.test_tasks if stage == "test" else self.val_tasks:
+                load_sts_task(name, self.data_dir)
+        except MissingDataError as missing:
+            raise missing.for_option("--data.data_dir") from None
 
     def prepare_data(self) -> None:
         """Tokenize the training corpus into its cache file, before `setup`. Lightning calls this in

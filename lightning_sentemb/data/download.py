@@ -19,6 +19,8 @@ SOURCES = {  # what: (file in SimCSE's dataset repo, destination under the data 
     "wiki1m": ("wiki1m_for_simcse.txt", "corpora/wiki1m_for_simcse.txt"),
     "nli": ("nli_for_simcse.csv", "corpora/nli_for_simcse.csv"),
 }
+# Lines of the published corpora (SimCSE's wiki1m: one million sentences), to call a shorter copy a subset.
+FULL_CORPUS_LINES = {"wiki1m": 1_000_000}
 # What `sentemb data check` reports, per evaluator / corpus, and the `download` item that fetches it
 # (None: not fetched by `sentemb data download`; the clustering sets come from SCCL's and the
 # datasets' own pages).
@@ -65,6 +67,20 @@ def download(to: str | os.PathLike, what: list[str]) -> None:
         print(f"{item}: {target}")
 
 
+def _subset_note(group: str, root: Path) -> str:
+    """`: subset (11,915 of 1,000,000 lines)` for a corpus shorter than the published one (a mirror's
+    sample: fine for a demo, not for the papers' numbers), else nothing."""
+    expected = FULL_CORPUS_LINES.get(group)
+    if expected is None:
+        return ""
+    lines, last = 0, b"\n"
+    with (root / SOURCES[group][1]).open("rb") as file:
+        while chunk := file.read(1 << 24):
+            lines, last = lines + chunk.count(b"\n"), chunk[-1:]
+    lines += last != b"\n"
+    return f": subset ({lines:,} of {expected:,} lines)" if lines < expected else ""
+
+
 def _group_items(group: str, root: Path) -> dict[str, Callable[[], object]]:
     """name -> a loader that raises MissingDataError naming the absent file."""
     from .clustering import CLUSTERING_TASKS, load_clustering_task
@@ -101,7 +117,8 @@ def check_data_dir(data_dir: str | os.PathLike | None = None, required: Sequence
                 problems.append(f"{name}: {str(error).split('. Fetch it')[0]}")
         state = "ok" if not problems else "missing" if len(problems) == len(items) else "partial"
         fetch = f"`sentemb data download --to {root} --what {item}`" if item else "not fetched by `sentemb data download`"
-        print(f"{group:9} {state:8} {len(items) - len(problems)}/{len(items)}  {purpose}")
+        subset = _subset_note(group, root) if not problems else ""
+        print(f"{group:9} {state:8} {len(items) - len(problems)}/{len(items)}  {purpose}{subset}")
         for problem in problems:
             print(f"            {problem}")
         if problems:

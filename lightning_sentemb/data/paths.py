@@ -16,11 +16,20 @@ from ..errors import SentEmbUserError
 DATA_ENV_VAR = "SENTEMB_DATA"
 DEFAULT_DATA_DIRS = (Path("data"), Path("..") / "shared" / "data")
 DATA_DIR_HELP = "data directory (default: $SENTEMB_DATA, else ./data if it exists, else ../shared/data)"
-FETCH_HINT = "`sentemb data download --to DIR` (or point --data-dir / SENTEMB_DATA at an existing mirror)"
 
 
 class MissingDataError(SentEmbUserError, FileNotFoundError):
-    """A data file the run needs is absent; the message names it and how to fetch it."""
+    """A data file the run needs is absent; the message names it, how to fetch it, and `option`, the
+    data-directory option of the command that needs it (`--data-dir` for evaluate and data check;
+    the LightningCLI subcommands say `--data.data_dir` with `for_option`)."""
+
+    def __init__(self, path: Path, what: str, option: str = "--data-dir") -> None:
+        super().__init__(f"{what} not found at {path}. Fetch it with `sentemb data download --to DIR` (or point "
+                         f"{option} / {DATA_ENV_VAR} at an existing mirror).")
+        self.path, self.what = path, what
+
+    def for_option(self, option: str) -> MissingDataError:
+        return MissingDataError(self.path, self.what, option)
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
@@ -45,5 +54,5 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     """Return ``path`` if it exists, else raise one error naming it and the fetch command."""
     path = Path(path)
     if not path.exists():
-        raise MissingDataError(f"{what} not found at {path}. Fetch it with {FETCH_HINT}.")
+        raise MissingDataError(path, what)
     return path

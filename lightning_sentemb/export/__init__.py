@@ -81,9 +81,9 @@ def check_exportable(cls: type) -> None:
     """A method defined outside the package that changes how sentences are embedded (one of
     `EMBEDDING_HOOKS`) below the class whose `write_export` it inherits would be exported as that
     class's embedding: refused in one line (an override of `write_export`, even one calling the
-    base's, vouches for the folder). A
-    method that changes only its training (`collate`, `embedding_loss`) exports as its base does,
-    with sentence-transformers' and lightning_sentemb's modules only (its own module is not needed)."""
+    base's, vouches for the folder). A method that changes only its training (`collate`,
+    `embedding_loss`) exports as its base does, with sentence-transformers' and lightning_sentemb's
+    modules only (its own module is not needed)."""
     writer = _defining_class(cls, "write_export")
     below = [c for c in cls.__mro__[: cls.__mro__.index(writer)] if not is_ours(c)]  # ours: export tested
     changed = [hook for hook in EMBEDDING_HOOKS if _defining_class(cls, hook) in below]
@@ -95,5 +95,5 @@ def check_exportable(cls: type) -> None:
         )
 
 
-def _defining_class(cls: type, name: str) -> type:
-    return next(c for c in cls.__mro__ if name in vars(c))
+def _defining_class(cls: type, name: str) -> type | None:
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
