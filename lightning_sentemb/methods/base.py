@@ -239,6 +239,14 @@ class SentEmbMethod(LightningModule):
             enable_gradient_checkpointing(backbone)
         self.backbone_adapted = True
 
+    def cpu(self) -> SentEmbMethod:
+        """Lightning's teardown moves the module to the CPU, also when a run stopped before `configure_model`
+        (a data error in `prepare_data`): a backbone still a skeleton on the meta device has nothing to move
+        (which would fail), and the rest has not left the CPU yet (the strategy moves it after the hook)."""
+        if self.encoder.weights_deferred:
+            return self
+        return super().cpu()
+
     def weights_device(self) -> torch.device | None:
         """Where the backbone's weights load: the trainer's root device, which Lightning numbers by its
         local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
