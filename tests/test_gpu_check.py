@@ -42,7 +42,8 @@ def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path):
     parts = report["parts"]
     statuses = {name: part["status"] for name, part in parts.items()}
     assert statuses == {"cuda_tests": "pass", "models": "pass", "bf16_steps": "pass", "equivalence": "pass",
-                        "throughput_simcse": "pass", "throughput_prompteol": "pass", "throughput_clusterns": "pass",
+                        "throughput_simcse": "pass", "throughput_prompteol": "pass", "throughput_decoder_128": "pass",
+                        "throughput_clusterns": "pass",
                         "ddp": "pass", "throughput_4bit": "skipped"}
     # the CUDA tests were collected and skipped on this CPU
     assert parts["cuda_tests"]["rows"] and {row["outcome"] for row in parts["cuda_tests"]["rows"]} == {"skipped"}
@@ -51,6 +52,9 @@ def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path):
     assert {row["precision"] for row in parts["equivalence"]["rows"]} == {"bf16", "fp32"}
     implementations = [row["implementation"] for row in parts["throughput_simcse"]["rows"]]
     assert len(implementations) == 4 and all(row["sentences/s"] > 0 for row in parts["throughput_simcse"]["rows"])
+    long_rows = parts["throughput_decoder_128"]["rows"]
+    assert [row["forward"] for row in long_rows] == ["padding-free", "padded (attn_implementation sdpa)"]
+    assert long_rows[0]["× padded SDPA"] > 0
     phases = [row.get("clustering started") for row in parts["throughput_clusterns"]["rows"]]
     assert phases == [None, False, True]
     assert [row["rank"] for row in parts["ddp"]["rows"]] == [0, 1]
