@@ -46,7 +46,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 def pytest_configure(config: pytest.Config) -> None:
     """In the process that runs the session (not in an xdist worker): a SIGTERM (`make test` stopped)
     takes the workers and everything they started with it."""
-    if "PYTEST_XDIST_WORKER" not in os.environ and threading.current_thread() is threading.main_thread():
+    # `workerinput` marks an xdist worker; the environment would not: a session started from a worker
+    # (tests/test_make.py) inherits its PYTEST_XDIST_WORKER
+    if not hasattr(config, "workerinput") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop_with_descendants)
 
 

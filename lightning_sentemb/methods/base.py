@@ -177,6 +177,7 @@ class SentEmbMethod(LightningModule):
         if grad_cache_chunk < 0:
             raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
+        self._run_seed: int | None = None
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
         options = with_dropout(from_pretrained_options(backbone_dtype, load_in_4bit), self.family, dropout)
@@ -213,7 +214,6 @@ class SentEmbMethod(LightningModule):
             }
         )
         self._collator: Collator | None = None
-        self._run_seed: int | None = None
 
     def configure_model(self) -> None:
         """Lightning's hook (also FSDP's) before the strategy wraps the module; it runs at every stage and
@@ -231,7 +231,11 @@ class SentEmbMethod(LightningModule):
             self.encoder.load_backbone(**with_dropout(options, self.family, hp.dropout))
         backbone = self.encoder.backbone
         if hp.lora is not None:
-            add_lora(backbone, hp.lora, peft_base_reference(hp.backbone), self.encoder.family.unread_modules(backbone))
+            # the adapters' initial values from the run's seed alone: Lightning reseeds before this hook under
+            # DDP, not on one device, and k processes must start as 1 does
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.run_seed)
+                add_lora(backbone, hp.lora, peft_base_reference(hp.backbone), self.encoder.family.unread_modules(backbone))
         for parameter in self.encoder.parameters():  # adapters and heads of a low-precision backbone
             if parameter.requires_grad and parameter.dtype != torch.float32:
                 parameter.data = parameter.data.float()
