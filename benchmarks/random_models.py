@@ -4,6 +4,7 @@ and no LLM checkpoint is installable offline."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -40,16 +41,21 @@ def qwen2_decoder(folder: str, **sizes: int) -> str:
     12 heads over 2 key/value heads, gated MLP 2048 wide, qkv biases; `sizes` override it) with a BPE
     tokenizer trained on the wiki1m mirror (`wiki_bpe_tokenizer`), written to `folder` once; returns
     `folder`."""
-    if os.path.isfile(os.path.join(folder, "config.json")):
-        return folder
     from transformers import Qwen2Config, Qwen2Model
 
+    return wiki_bpe_decoder(folder, Qwen2Config, Qwen2Model, {**QWEN2_100M, **sizes})
+
+
+def wiki_bpe_decoder(folder: str, config_class: Any, model_class: Any, sizes: dict[str, int]) -> str:
+    """`model_class` of `sizes` with random weights and `wiki_bpe_tokenizer`, written to `folder` once;
+    returns `folder`."""
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
     tokenizer = wiki_bpe_tokenizer()
-    config = Qwen2Config(vocab_size=len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         **{**QWEN2_100M, **sizes})
+    config = config_class(vocab_size=len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+                          bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes)
     torch.manual_seed(0)
-    Qwen2Model(config).save_pretrained(folder)
+    model_class(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -148,15 +154,6 @@ OPT_125M = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 
 def opt_decoder(folder: str, **sizes: int) -> str:
     """An OPT-shaped decoder (PromptEOL's backbone family), by default OPT-125M's shape (`OPT_125M`),
     with the wiki1m BPE tokenizer, written to `folder` once; returns `folder`."""
-    if os.path.isfile(os.path.join(folder, "config.json")):
-        return folder
     from transformers import OPTConfig, OPTModel
 
-    tokenizer = wiki_bpe_tokenizer()
-    config = OPTConfig(vocab_size=len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-                       bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
-                       **{**OPT_125M, **sizes})
-    torch.manual_seed(0)
-    OPTModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return wiki_bpe_decoder(folder, OPTConfig, OPTModel, {**OPT_125M, **sizes})
