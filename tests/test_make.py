@@ -19,9 +19,11 @@ needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 @needs_make
 def test_make_train_passes_args_to_the_fit():
-    dry_run = subprocess.run(["make", "-n", "-o", ".venv/.installed", "train", "METHOD=demo/simcse",
-                              "ARGS=--trainer.max_steps 20 --model.init_args.lr 1e-5"], cwd=REPO, capture_output=True,
-                             text=True, check=True)
+    # under `make test` the environment carries make's own variables (MAKELEVEL: "make[1]: Entering ..." lines)
+    environment = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    dry_run = subprocess.run(["make", "-n", "--no-print-directory", "-o", ".venv/.installed", "train",
+                              "METHOD=demo/simcse", "ARGS=--trainer.max_steps 20 --model.init_args.lr 1e-5"], cwd=REPO,
+                             capture_output=True, text=True, check=True, env=environment)
     assert dry_run.stdout.strip().splitlines()[-1] == (
         ".venv/bin/sentemb fit -c experiments/demo/simcse.yaml --trainer.max_steps 20 --model.init_args.lr 1e-5")
 
