@@ -68,7 +68,7 @@ def test_weights_load_onto_the_trainers_root_device(tiny_bert, monkeypatch):
     method = deferred(SimCSE, tiny_bert, backbone_dtype="bf16", lora=LORA)
     asked = {}
     monkeypatch.setattr(method.encoder, "load_backbone", lambda **options: asked.update(options))
-    monkeypatch.setattr("lightning_sentemb.methods.base.add_lora", lambda *args: None)
+    monkeypatch.setattr("lightning_sentemb.methods.building.add_lora", lambda *args: None)
     method._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 1)))
     method.configure_model()
     assert asked["device_map"] == {"": torch.device("cuda", 1)} and asked["dtype"] == torch.bfloat16

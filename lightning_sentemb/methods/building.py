@@ -1,0 +1,79 @@
+"""How a method's backbone becomes ready to train: its weights read straight onto the rank's device
+(`configure_model`, deferred under the CLI), then LoRA adapters, fp32 for what trains, and gradient
+checkpointing, once. `SentEmbMethod.configure_model` runs `configure_backbone`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+
+from ..backbones import with_dropout
+from ..encoders.lora import add_lora, peft_base_reference
+from ..encoders.memory import enable_gradient_checkpointing, from_pretrained_options
+
+if TYPE_CHECKING:
+    from .base import SentEmbMethod
+
+_WEIGHTS_IN_CONFIGURE_MODEL: ContextVar[bool] = ContextVar("weights_in_configure_model", default=False)
+
+
+@contextmanager
+def backbone_weights_in_configure_model() -> Iterator[None]:
+    """Methods built inside leave their backbone's weights to `configure_model`, which the trainer calls
+    once it knows the rank's device: each rank then reads them once, onto its own device, in the dtype it
+    trains in, instead of all of them in fp32 on the host in `__init__`. Until then the backbone is a
+    skeleton on the meta device (tokenizer, config and everything else are built as usual). Outside
+    (tests, `sentemb evaluate`, `load_from_checkpoint`, exports) `__init__` loads them on the CPU."""
+    token = _WEIGHTS_IN_CONFIGURE_MODEL.set(True)
+    try:
+        yield
+    finally:
+        _WEIGHTS_IN_CONFIGURE_MODEL.reset(token)
+
+
+def weights_deferred() -> bool:
+    """Whether methods built now leave their weights to `configure_model`."""
+    return _WEIGHTS_IN_CONFIGURE_MODEL.get()
+
+
+def weights_device(method: SentEmbMethod) -> torch.device | None:
+    """Where the backbone's weights load: the trainer's root device, which Lightning numbers by its
+    local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
+    GPU) outside a trainer, and under FSDP, which shards the module from host memory as it wraps it."""
+    trainer = method._trainer
+    if trainer is None or isinstance(trainer.strategy, FSDPStrategy):
+        return None
+    return trainer.strategy.root_device
+
+
+def configure_backbone(method: SentEmbMethod) -> None:
+    """Lightning's `configure_model` (also FSDP's) before the strategy wraps the module; it runs at every
+    stage. A deferred backbone loads now, straight from the checkpoint files onto this rank's device
+    (`weights_device`) in `backbone_dtype`; then, once, LoRA adapters, fp32 for what trains, and
+    gradient checkpointing."""
+    if method.backbone_adapted:
+        return
+    hp, encoder = method.hparams, method.encoder
+    if encoder.weights_deferred:
+        options = from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit, weights_device(method))
+        if hp.attn_implementation is not None:
+            options["attn_implementation"] = hp.attn_implementation
+        encoder.load_backbone(**with_dropout(options, method.family, hp.dropout))
+    backbone = encoder.backbone
+    if hp.lora is not None:
+        # the adapters' initial values from the run's seed alone: Lightning reseeds before this hook under
+        # DDP, not on one device, and k processes must start as 1 does
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(method.run_seed)
+            add_lora(backbone, hp.lora, peft_base_reference(hp.backbone), encoder.family.unread_modules(backbone))
+    for parameter in encoder.parameters():  # adapters and heads of a low-precision backbone
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.float()
+    if hp.gradient_checkpointing:
+        enable_gradient_checkpointing(backbone)
+    method.backbone_adapted = True
