@@ -1,17 +1,10 @@
-"""The shared LightningModule: what a sentence-embedding method is.
-
-A method subclasses `SentEmbMethod` and contributes only what makes it different: `build_encoder`
-(input format), `collator_class` (the views of a training example) and `embedding_loss` (the loss from
-the batch's sentence embeddings). The base holds the backbone's encoder, the MLP and those hooks; the
-rest is composed from one module per concern, whose functions are the Lightning hooks here:
-
-- `building`: the backbone's weights, LoRA and memory switches (`configure_model`);
-- `steps`: the training step, per-batch seeding, optimizer, trainer checks; `grad_cache`: gradient
-  caching (`grad_cache_chunk`); `matryoshka`: the loss over truncations (`matryoshka_dims`);
-- `encoding`: `encode` / `encode_across_ranks`; `validation`: STS validation and test, other evaluators;
-- `checkpoint_state`: what checkpoints keep of a frozen backbone; exports read a method through
-  `export.protocol.ExportableMethod` (`export_format` picks the writer).
-"""
+"""The shared LightningModule: what a sentence-embedding method is. A method subclasses `SentEmbMethod`
+and contributes only what differs: `build_encoder` (input format), `collator_class` (the views of a
+training example), `embedding_loss` (the loss from the batch's embeddings). The rest is composed from
+one module per concern, whose functions are the hooks here: `building` (backbone weights, LoRA, memory
+switches), `steps` (training step, seeding, optimizer), `grad_cache`, `matryoshka`, `encoding`
+(`encode`), `validation` (STS and other evaluators in a run), `checkpoint_state`. Exports read a method
+through `export.protocol.ExportableMethod` (`export_format` picks the writer)."""
 
 from __future__ import annotations
 
@@ -24,14 +17,14 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from .. import grad_cache, matryoshka
-from ..backbones import UnsupportedBackbone, family_of, with_dropout
+from ..backbones import family_of
 from ..encoders.lora import LoraSettings
-from ..encoders.memory import BackboneDtype, from_pretrained_options
-from ..encoders.plain import POOLERS, Encoder, backbone_loading
+from ..encoders.memory import BackboneDtype
+from ..encoders.plain import POOLERS, Encoder
 from ..encoders.pretrained import load_config
-from ..errors import SentEmbUserError
 from . import checkpoint_state, encoding, steps, validation
-from .building import backbone_weights_in_configure_model, configure_backbone, weights_deferred, weights_device
+from .building import (AttnImplementation, backbone_weights_in_configure_model, build_encoder_for, check_options,
+                       configure_backbone)
 from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
 from .encoding import autocast_for
@@ -41,7 +34,6 @@ __all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "backbone_weigh
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
-AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "flex_attention"]
 
 
 class SentEmbMethod(LightningModule):
@@ -99,13 +91,8 @@ class SentEmbMethod(LightningModule):
             `trainer.precision: bf16-mixed` / `16-mixed`, and evaluation autocasts to it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
-
-    Checkpoints of a frozen backbone (LoRA, DCPCSE) hold only what trains plus the state outside the
-    encoder: `backbone` names the rest, rebuilt at load and checked against the identity stored with it
-    (name and config.json hash).
     """
 
-    # the trainer's (gradient_clip_val, gradient_clip_algorithm) under gradient caching (`steps.check_trainer_options`)
     manual_gradient_clip: tuple[float | None, str | None] = (None, None)
     export_format = "plain"  # the export's writer (`export.write_method_folder`)
 
@@ -138,31 +125,13 @@ class SentEmbMethod(LightningModule):
         matryoshka_eval_dim: int | None = None,
     ) -> None:
         super().__init__()
-        if grad_cache_chunk < 0:
-            raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
         self._run_seed: int | None = None
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
-        options = with_dropout(from_pretrained_options(backbone_dtype, load_in_4bit), self.family, dropout)
-        if attn_implementation is not None:
-            if attn_implementation not in AttnImplementation.__args__:
-                raise SentEmbUserError(f"model.init_args.attn_implementation must be null or one of "
-                                       f"{', '.join(AttnImplementation.__args__)}, got {attn_implementation!r}")
-            options["attn_implementation"] = attn_implementation
-        try:
-            with backbone_loading(defer_weights=weights_deferred(), **options):
-                self.encoder = self.build_encoder()
-        except UnsupportedBackbone as refusal:
-            raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
+        self.encoder = build_encoder_for(self)
         self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
-        if not self.backbone_frozen and (backbone_dtype != "fp32" or load_in_4bit):
-            option = "load_in_4bit" if load_in_4bit else f"backbone_dtype {backbone_dtype}"
-            raise SentEmbUserError(
-                f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
-                "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
-                "use trainer.precision bf16-mixed)"
-            )
+        check_options(self)
         self.backbone_adapted = False
         if not self.encoder.weights_deferred:
             self.configure_model()  # LoRA and the rest now, on the weights just loaded
@@ -178,11 +147,8 @@ class SentEmbMethod(LightningModule):
         configure_backbone(self)
 
     def cpu(self) -> SentEmbMethod:
-        """Lightning's teardown moves the module to the CPU, also when a run stopped before `configure_model`:
-        a backbone still a skeleton on the meta device has nothing to move (the rest has not left the CPU)."""
+        """Lightning's teardown before `configure_model` (a skeleton backbone): nothing has left the CPU."""
         return self if self.encoder.weights_deferred else super().cpu()
-
-    weights_device = weights_device
 
     # ----- what a method provides -------------------------------------------------------
     def apply_family_defaults(self) -> None:
@@ -244,15 +210,9 @@ class SentEmbMethod(LightningModule):
         """Evaluation inputs (method's format, evaluation truncation) from token ids."""
         return self.encoder.format.build(sentence_ids, self.eval_length)
 
-    def sentence_features(self, sentences: list[str]) -> dict[str, Tensor]:
-        return self.features_from_ids(self.encoder.format.sentence_ids(sentences))
-
-    def embed_features(self, features: dict[str, Tensor]) -> Tensor:
-        return self.embed({k: v.to(self.device, non_blocking=True) for k, v in features.items()})
-
-    def encode_batch(self, sentences: list[str]) -> Tensor:
-        return self.embed_features(self.sentence_features(sentences))
-
+    sentence_features = encoding.sentence_features
+    embed_features = encoding.embed_features
+    encode_batch = encoding.encode_batch
     encode = encoding.encode
     encode_across_ranks = encoding.encode_across_ranks
     eval_autocast = encoding.eval_autocast
@@ -272,8 +232,7 @@ class SentEmbMethod(LightningModule):
 
     @property
     def collator(self) -> Collator:
-        """What the training DataLoader runs to build batches (in its workers): a `collator_class` over
-        the encoder's input format and the hyper-parameters, never the module itself (see `Collator`)."""
+        """What the training DataLoader runs to build batches (in its workers), never the module itself."""
         if self._collator is None:
             self._collator = self.collator_class(self.encoder.format, self.encoder.max_length, self.hparams)
         return self._collator
@@ -310,12 +269,8 @@ class SentEmbMethod(LightningModule):
     on_before_optimizer_step = steps.clip_cached_gradients
 
     # ----- validation and test ------------------------------------------------------------
-    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        validation.sts_step(self, batch, self.hparams.matryoshka_eval_dim)
-
-    def test_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        validation.sts_step(self, batch)
-
+    validation_step = validation.validation_step
+    test_step = validation.test_step
     on_validation_epoch_end = validation.on_validation_epoch_end
     on_test_epoch_end = validation.on_test_epoch_end
 

@@ -7,17 +7,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
 
-from ..backbones import with_dropout
+from ..backbones import UnsupportedBackbone, with_dropout
 from ..encoders.lora import add_lora, peft_base_reference
 from ..encoders.memory import enable_gradient_checkpointing, from_pretrained_options
+from ..encoders.plain import Encoder, backbone_loading
+from ..errors import SentEmbUserError
 
 if TYPE_CHECKING:
     from .base import SentEmbMethod
+
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "flex_attention"]
 
 _WEIGHTS_IN_CONFIGURE_MODEL: ContextVar[bool] = ContextVar("weights_in_configure_model", default=False)
 
@@ -39,6 +43,39 @@ def backbone_weights_in_configure_model() -> Iterator[None]:
 def weights_deferred() -> bool:
     """Whether methods built now leave their weights to `configure_model`."""
     return _WEIGHTS_IN_CONFIGURE_MODEL.get()
+
+
+def build_encoder_for(method: SentEmbMethod) -> Encoder:
+    """The method's `build_encoder()` with its backbone read as the hyper-parameters say (dtype, 4-bit,
+    dropout, attention kernel), or a skeleton when its weights wait for `configure_model`."""
+    hp = method.hparams
+    options = with_dropout(from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit), method.family, hp.dropout)
+    if hp.attn_implementation is not None:
+        if hp.attn_implementation not in AttnImplementation.__args__:
+            raise SentEmbUserError(f"model.init_args.attn_implementation must be null or one of "
+                                   f"{', '.join(AttnImplementation.__args__)}, got {hp.attn_implementation!r}")
+        options["attn_implementation"] = hp.attn_implementation
+    try:
+        with backbone_loading(defer_weights=weights_deferred(), **options):
+            return method.build_encoder()
+    except UnsupportedBackbone as refusal:
+        raise UnsupportedBackbone(f"{type(method).__name__} on {hp.backbone} ({method.family.model_type}): "
+                                  f"{refusal}") from None
+
+
+def check_options(method: SentEmbMethod) -> None:
+    """Options that cannot work together: low-precision or 4-bit weights suit a frozen backbone only
+    (what trains stays fp32)."""
+    hp = method.hparams
+    if hp.grad_cache_chunk < 0:
+        raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {hp.grad_cache_chunk}")
+    if not method.backbone_frozen and (hp.backbone_dtype != "fp32" or hp.load_in_4bit):
+        option = "load_in_4bit" if hp.load_in_4bit else f"backbone_dtype {hp.backbone_dtype}"
+        raise SentEmbUserError(
+            f"model.init_args.{option} stores the backbone's weights in low precision, which suits a frozen "
+            "backbone only: set model.init_args.lora (or, for full fine-tuning, keep backbone_dtype fp32 and "
+            "use trainer.precision bf16-mixed)"
+        )
 
 
 def weights_device(method: SentEmbMethod) -> torch.device | None:

@@ -18,6 +18,21 @@ if TYPE_CHECKING:
     from .base import SentEmbMethod
 
 
+def sentence_features(method: SentEmbMethod, sentences: list[str]) -> dict[str, Tensor]:
+    """Model inputs for raw sentences at evaluation (the method's `features_from_ids`)."""
+    return method.features_from_ids(method.encoder.format.sentence_ids(sentences))
+
+
+def embed_features(method: SentEmbMethod, features: dict[str, Tensor]) -> Tensor:
+    """`embed` of evaluation inputs, moved to the method's device."""
+    return method.embed({k: v.to(method.device, non_blocking=True) for k, v in features.items()})
+
+
+def encode_batch(method: SentEmbMethod, sentences: list[str]) -> Tensor:
+    """Embeddings of one batch of raw sentences, as the module is (no mode switch, no autocast)."""
+    return method.embed_features(method.sentence_features(sentences))
+
+
 def autocast_for(device: torch.device, precision: str) -> torch.autocast:
     """bf16 autocast on GPUs that support it (fp16 on older ones); on CPU only when asked."""
     if device.type == "cuda" and precision == "auto":

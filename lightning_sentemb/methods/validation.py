@@ -39,6 +39,16 @@ def sts_step(method: SentEmbMethod, batch: dict[str, Any], dim: int | None = Non
     method.sts_metrics[batch["task"].replace(".", "_")].update(batch["index"], cosines, batch["gold"], batch["subset"])
 
 
+def validation_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+    """STS dev, on the first `matryoshka_eval_dim` dimensions when set (what selects `best.ckpt`)."""
+    sts_step(method, batch, method.hparams.matryoshka_eval_dim)
+
+
+def test_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+    """STS test on every dimension."""
+    sts_step(method, batch)
+
+
 def log_sts(method: SentEmbMethod, stage: str) -> dict[str, float]:
     """The stage's STS scores (and their average), logged and returned; the metrics are reset."""
     datamodule = method.trainer.datamodule
