@@ -362,7 +362,8 @@ def analysis_results(tmp_path: Path) -> dict[str, dict]:
 def test_every_analysis_figure_has_a_title_a_legend_and_readable_ticks(tmp_path, monkeypatch):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from lightning_sentemb.evaluation import analysis, figures as report_figures, report
+    from lightning_sentemb.evaluation import analysis, report
+    from lightning_sentemb.evaluation import figures as report_figures
 
     figures = []
 

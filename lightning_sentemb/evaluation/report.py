@@ -23,8 +23,7 @@ import numpy as np
 
 from ..atomic_io import atomic_write_bytes
 from ..errors import SentEmbUserError
-from .figures import (alignment_uniformity_figure, few_shot_figure, frequent_tokens_figure, place_figure,
-                      safe_filename)
+from .figures import alignment_uniformity_figure, few_shot_figure, frequent_tokens_figure, place_figure, safe_filename
 from .sts import format_table
 
 __all__ = ["encode_results", "model_labels", "write_report"]

@@ -23,8 +23,13 @@ from ..encoders.memory import BackboneDtype
 from ..encoders.plain import POOLERS, Encoder
 from ..encoders.pretrained import load_config
 from . import checkpoint_state, encoding, steps, validation
-from .building import (AttnImplementation, backbone_weights_in_configure_model, build_encoder_for, check_options,
-                       configure_backbone)
+from .building import (
+    AttnImplementation,
+    backbone_weights_in_configure_model,
+    build_encoder_for,
+    check_options,
+    configure_backbone,
+)
 from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
 from .encoding import autocast_for
