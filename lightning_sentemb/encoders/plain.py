@@ -19,7 +19,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
-from .packed import PACKED, TokenLayout, is_packed, layout_of, packed_forward, set_attention
+from .packed import PACKED, PADDED, TokenLayout, is_packed, layout_of, packed_forward, set_attention
 from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,8 @@ class Encoder(nn.Module):
 
     # formats whose rows carry `pool_position` (templates) may pool with "mask"
     reads_templates: bool = False
+    # a decoder's causal masking off (`set_bidirectional`)
+    bidirectional: bool = False
 
     def __init__(
         self,
@@ -229,6 +231,24 @@ class Encoder(nn.Module):
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
         family_of(self.backbone.config).prepare_backbone(self.backbone)
+        if self.bidirectional:
+            self.backbone.config.is_causal = False
+
+    def set_bidirectional(self) -> None:
+        """Every token of a decoder sees the whole sentence (LLM2Vec): `config.is_causal = False`, transformers'
+        switch, which its padded masks honour, and our attention function too (`encoders.packed`: no causal
+        masking, no sliding window, in every kernel). The padded forward then runs through ours (`PADDED`),
+        since transformers' SDPA would mask causally a batch without padding."""
+        refusal = self.family.bidirectional_refusal(self.backbone)
+        if refusal is None and self.attn_implementation is not None:
+            refusal = (f"attn_implementation {self.attn_implementation!r} is transformers' own kernel; bidirectional "
+                       "attention runs through lightning_sentemb's (set attn_implementation null)")
+        if refusal is not None:
+            raise UnsupportedBackbone(f"bidirectional: {refusal}")
+        self.bidirectional = True
+        self.backbone.config.is_causal = False
+        self.padded_attention = PADDED
+        self.set_padding_free(self.padding_free)
 
     @property
     def weights_deferred(self) -> bool:

@@ -134,6 +134,8 @@ class SentEmbMethod(LightningModule):
         backbone_dtype: fp32 | bf16 | fp16, the dtype of the backbone's frozen weights (a frozen backbone
             only: LoRA or DCPCSE); what trains stays fp32. Training then needs
             `trainer.precision: bf16-mixed` / `16-mixed`, and evaluation autocasts to it.
+        bidirectional: a decoder's causal masking off, every token sees the whole sentence (LLM2Vec;
+            `Encoder.set_bidirectional`); refused on encoders.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
 
@@ -172,6 +174,7 @@ class SentEmbMethod(LightningModule):
         matryoshka_dims: list[int] | None = None,
         matryoshka_weights: list[float] | None = None,
         matryoshka_eval_dim: int | None = None,
+        bidirectional: bool = False,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
@@ -189,6 +192,8 @@ class SentEmbMethod(LightningModule):
         try:
             with backbone_loading(defer_weights=_WEIGHTS_IN_CONFIGURE_MODEL.get(), **options):
                 self.encoder = self.build_encoder()
+                if bidirectional:
+                    self.encoder.set_bidirectional()
         except UnsupportedBackbone as refusal:
             raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
         self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
