@@ -81,6 +81,12 @@ class BackboneFamily:
     def mlm_refusal(self) -> str | None:
         return None
 
+    def lm_refusal(self) -> str | None:
+        """Why the causal-LM head (next-token prediction, MNTP) is not there, or None."""
+        if not self.causal:
+            return f"next-token prediction reads a causal LM's head and {self.model_type} is an encoder"
+        return None
+
     def bidirectional_refusal(self, backbone: PreTrainedModel) -> str | None:
         """Why causal masking cannot be switched off (`bidirectional: true`; it goes through the attention
         interface, `encoders.packed`), or None when it can."""

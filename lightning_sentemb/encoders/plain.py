@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
@@ -170,7 +170,8 @@ class Encoder(nn.Module):
 
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
-    head whose decoder is tied to the word embeddings. The backbone's weights load with the options of
+    head whose decoder is tied to the word embeddings. With `with_lm_head`, a decoder's causal-LM head
+    (AutoModelForCausalLM; MNTP), served by the same `mlm_logits`. The backbone's weights load with the options of
     the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without; when it
     defers them, `load_backbone` loads them later (`SentEmbMethod.configure_model`).
 
@@ -191,6 +192,7 @@ class Encoder(nn.Module):
         pooler: str = "cls",
         with_mlm_head: bool = False,
         first_hidden_index: int = 1,
+        with_lm_head: bool = False,
     ) -> None:
         super().__init__()
         if pooler not in POOLERS:
@@ -202,12 +204,13 @@ class Encoder(nn.Module):
         self.pooler = pooler
         self.first_hidden_index = first_hidden_index
         family = family_of(load_config(backbone))
-        refusal = family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
+        refusal = (family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
+                   or (family.lm_refusal() if with_lm_head else None))
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         family.prepare_tokenizer(self.tokenizer)
-        self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModel
+        self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModelForCausalLM if with_lm_head else AutoModel
         options = _BACKBONE_OPTIONS.get()
         if _DEFER_WEIGHTS.get():
             self.set_backbone(backbone_skeleton(self.auto_class, backbone, options))
@@ -225,8 +228,10 @@ class Encoder(nn.Module):
 
     def set_backbone(self, model: PreTrainedModel) -> None:
         """Take `model` (an `auto_class` model: with the MLM head when there is one) as the backbone."""
-        self.mlm_model = model if self.auto_class is AutoModelForMaskedLM else None
+        self.mlm_model = model if self.auto_class is not AutoModel else None
         self.backbone = model.base_model if self.mlm_model is not None else model
+        if self.auto_class is AutoModelForCausalLM:  # next-token prediction reads the head as pretrained
+            model.get_output_embeddings().requires_grad_(False)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
