@@ -24,7 +24,8 @@ from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
 
-POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask")
+POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask", "echo_mean", "echo_last")
+ECHO_POOLERS = ("echo_mean", "echo_last")  # read an echo template's second copy (`encoders.echo`)
 LAYER_POOLERS = ("avg_first_last", "avg_top2")  # read hidden_states of several layers
 
 
@@ -104,6 +105,8 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     `features["attention_mask"]` must cover the sentence tokens only (never a prefix-extended mask).
     `last` takes each row's last real token (left or right padding); `mask` the position the template
     format put in `features["pool_position"]` (the [MASK] token, or a decoder template's last token).
+    `echo_mean` / `echo_last`: the mean / the last token of an echo template's second copy
+    (`features["echo_mask"]`, `encoders.echo`).
     `avg_first_last` averages hidden_states[first_hidden_index] and the last layer:
     index 1 (first transformer layer, default) follows BERT-whitening and SimCSE's current code;
     index 0 (the embedding output) is what SimCSE's first release used.
@@ -119,6 +122,10 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
         return hidden[rows, features["pool_position"]]
     if pooler == "avg":
         return masked_mean(hidden, attention_mask)
+    if pooler == "echo_mean":
+        return masked_mean(hidden, features["echo_mask"])
+    if pooler == "echo_last":
+        return hidden[rows, last_token_positions(features["echo_mask"])]
     if pooler == "avg_first_last":
         states = outputs.hidden_states
         return masked_mean((states[first_hidden_index] + states[-1]) / 2.0, attention_mask)
@@ -183,6 +190,8 @@ class Encoder(nn.Module):
 
     # formats whose rows carry `pool_position` (templates) may pool with "mask"
     reads_templates: bool = False
+    # formats whose rows carry `echo_mask` (`encoders.echo`) may pool with the echo poolers
+    reads_echo: bool = False
     # a decoder's causal masking off (`set_bidirectional`)
     bidirectional: bool = False
 
@@ -200,6 +209,9 @@ class Encoder(nn.Module):
         if pooler == "mask" and not self.reads_templates:
             raise SentEmbUserError("model.init_args.pooler: 'mask' reads a template's mask token; plain-input methods "
                                    f"pool with one of {', '.join(p for p in POOLERS if p != 'mask')}")
+        if pooler in ECHO_POOLERS and not self.reads_echo:
+            raise SentEmbUserError(f"model.init_args.pooler: {pooler!r} reads an echo template's second copy: set "
+                                   "model.init_args.template echo")
         self.name_or_path = backbone
         self.pooler = pooler
         self.first_hidden_index = first_hidden_index
