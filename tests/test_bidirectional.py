@@ -16,6 +16,8 @@ from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.encoders.packed import set_attention
 from lightning_sentemb.methods import DCPCSE, PromptBERT, SimCSE
 
+from .test_grad_cache import gradients
+
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "nice .", "two dogs run across the field today ."]
 
@@ -129,17 +131,7 @@ def test_gradient_caching_with_bidirectional_attention(tiny_llama: str) -> None:
     method = quiet(SimCSE(tiny_llama, pooler="avg", bidirectional=True)).double()
     batch = unsupervised_batch(method)
 
-    def run(chunk: int) -> tuple:
-        method.zero_grad(set_to_none=True)
-        method.hparams.grad_cache_chunk = chunk
-        if chunk:
-            loss, _ = method.grad_cache_backward(batch)
-        else:
-            loss, _ = method.step_loss(batch)
-            loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in method.named_parameters() if p.grad is not None}
-
-    assert_same(run(3), run(0))
+    assert_same(gradients(method, batch, 3), gradients(method, batch, 0))
 
 
 def test_encoders_refuse_bidirectional(tiny_bert: str, tiny_qwen2: str) -> None:

@@ -210,6 +210,7 @@ def sentemb_attention(
     causal = getattr(module, "is_causal", True) if causal is None else causal
     if not getattr(module.config, "is_causal", True):  # a decoder made bidirectional (`Encoder.set_bidirectional`)
         causal, sliding_window, attention_mask = False, None, without_window(attention_mask, sliding_window)
+        kwargs["is_causal"] = False  # SDPA without a mask (no padding) would read the module's flag
     prefix = None if sentemb_prefix is None else sentemb_prefix.of(module)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     if sentemb_packing is None:
