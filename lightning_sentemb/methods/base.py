@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from .. import grad_cache, matryoshka
 from ..backbones import family_of
+from ..encoders.echo import EchoEncoder
 from ..encoders.lora import LoraSettings
 from ..encoders.memory import BackboneDtype
 from ..encoders.plain import POOLERS, Encoder
@@ -69,14 +70,11 @@ class SentEmbMethod(LightningModule):
         eval_max_length: truncation at evaluation; None = the model's maximum (SimCSE's
             evaluation does not truncate; the 32-token limit is for training only).
         eval_batch_size: sentences per forward in `encode` (under `sentemb fit`, set by `data.eval_batch_size`).
-        eval_precision: autocast during `encode`: "auto" (bf16/fp16 on GPU, fp32 on CPU),
-            "bf16", or "32".
+        eval_precision: autocast during `encode`: "auto" (bf16/fp16 on GPU, fp32 on CPU), "bf16", or "32".
         sts_aggregation: how STS12–16 subsets combine: "all" (SentEval/SimCSE), "wmean", "mean".
-        grad_cache_chunk: rows per chunk for gradient caching (0 = off): the global batch's loss
-            and exact gradient with the activation memory of this many rows, so a paper's batch
-            (its number of negatives) fits a small GPU. Training then uses manual optimization:
-            `trainer.gradient_clip_val` applies as usual (`on_before_optimizer_step`),
-            `accumulate_grad_batches` is refused. See `grad_cache_backward`.
+        grad_cache_chunk: rows per chunk for gradient caching (0 = off): the global batch's exact loss
+            and gradient with the activation memory of this many rows, so a paper's batch fits a small
+            GPU (`grad_cache`; `accumulate_grad_batches` is refused, `gradient_clip_val` applies).
         padding_free: run the encoder without computing on padding (`encoders.packed`: the backbone's
             own forward on the real tokens, same results); false = the backbone's own padded forward
             (as `attn_implementation: sdpa`). Unsupported backbones fall back with a logged reason.
@@ -85,15 +83,19 @@ class SentEmbMethod(LightningModule):
             that attention kernel (the baseline of the GPU benchmark; DCPCSE: null or sdpa).
         compile_layers: `torch.compile` each backbone layer (dynamic shapes: no recompile per batch
             length), packed or padded. Off by default: compiling costs minutes and pays only on long runs.
-        lora: LoRA adapters through peft, `{r, alpha, dropout, target_modules}` (see
-            `encoders.lora.LoraSettings`; missing keys take the PromptEOL reference's r 64, alpha 16,
-            dropout 0.05, all-linear); null = off. The backbone is frozen: only the adapters and the
-            method's own heads (MLP, prompt vectors, prefix, MLM head transform, centroids) train.
+        lora: LoRA adapters through peft, `{r, alpha, dropout, target_modules}` (`encoders.lora.LoraSettings`;
+            default PromptEOL's r 64, alpha 16, dropout 0.05, all-linear); null = off. The backbone is
+            frozen: the adapters and the method's own heads train.
         gradient_checkpointing: recompute each backbone layer in backward instead of keeping its
             activations (padded and padding-free forwards; same loss and gradients).
         backbone_dtype: fp32 | bf16 | fp16, the dtype of the backbone's frozen weights (a frozen backbone
             only: LoRA or DCPCSE); what trains stays fp32. Training then needs
             `trainer.precision: bf16-mixed` / `16-mixed`, and evaluation autocasts to it.
+        bidirectional: a decoder's causal masking off, every token sees the whole sentence (LLM2Vec;
+            `Encoder.set_bidirectional`); refused on encoders.
+        template: `echo` (echo embeddings: the sentence twice, pooled over the second copy with pooler
+            echo_mean, the default then, or echo_last; `encoders.echo`), or echo wording of your own with
+            [X] twice; null = the sentence alone. Methods with their own input format refuse it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
     """
@@ -128,6 +130,8 @@ class SentEmbMethod(LightningModule):
         matryoshka_dims: list[int] | None = None,
         matryoshka_weights: list[float] | None = None,
         matryoshka_eval_dim: int | None = None,
+        bidirectional: bool = False,
+        template: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -160,10 +164,13 @@ class SentEmbMethod(LightningModule):
         """Fill the hyper-parameters left at None whose default depends on the backbone family
         (`self.family`), before the encoder is built; the resolved values are what checkpoints keep."""
         if self.hparams.pooler is None:
-            self.hparams.pooler = self.family.default_pooler
+            self.hparams.pooler = "echo_mean" if self.hparams.get("template") else self.family.default_pooler
 
     def build_encoder(self) -> Encoder:
         """The backbone with this method's input format; plain `[CLS] s [SEP]` by default."""
+        if self.hparams.template is not None:
+            return EchoEncoder(self.hparams.backbone, self.hparams.pooler, self.hparams.template,
+                               with_mlm_head=self.hparams.mlm_weight > 0)
         return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0)
 
     collator_class: type[Collator] = Collator
@@ -184,13 +191,8 @@ class SentEmbMethod(LightningModule):
         return self.hparams.mlm_weight
 
     # ----- embedding --------------------------------------------------------------------
-    @property
-    def tokenizer(self):
-        return self.encoder.tokenizer
-
-    @property
-    def output_size(self) -> int:
-        return self.encoder.hidden_size
+    tokenizer = property(lambda self: self.encoder.tokenizer)
+    output_size = property(lambda self: self.encoder.hidden_size, doc="The embedding's dimensions.")
 
     @property
     def eval_mlp(self) -> nn.Module | None:

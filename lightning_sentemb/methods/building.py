@@ -47,7 +47,7 @@ def weights_deferred() -> bool:
 
 def build_encoder_for(method: SentEmbMethod) -> Encoder:
     """The method's `build_encoder()` with its backbone read as the hyper-parameters say (dtype, 4-bit,
-    dropout, attention kernel), or a skeleton when its weights wait for `configure_model`."""
+    dropout, attention kernel, `bidirectional`), or a skeleton when its weights wait for `configure_model`."""
     hp = method.hparams
     options = with_dropout(from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit), method.family, hp.dropout)
     if hp.attn_implementation is not None:
@@ -57,7 +57,12 @@ def build_encoder_for(method: SentEmbMethod) -> Encoder:
         options["attn_implementation"] = hp.attn_implementation
     try:
         with backbone_loading(defer_weights=weights_deferred(), **options):
-            return method.build_encoder()
+            encoder = method.build_encoder()
+            if hp.bidirectional:
+                encoder.set_bidirectional()
+            if hp.template is not None and not encoder.reads_echo:
+                raise SentEmbUserError(f"model.init_args.template: {type(method).__name__} builds its own input format")
+            return encoder
     except UnsupportedBackbone as refusal:
         raise UnsupportedBackbone(f"{type(method).__name__} on {hp.backbone} ({method.family.model_type}): "
                                   f"{refusal}") from None
