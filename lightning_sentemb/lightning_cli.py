@@ -19,13 +19,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from .callbacks.checkpointing import AtomicCheckpointIO, SentEmbCheckpoint, TrainingGuard
+from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .config_errors import config_files_in, describe_parse_error
 from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
 from .errors import SentEmbUserError
-from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
-from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
-from .methods.base import SentEmbMethod, backbone_weights_in_configure_model
+from .loggers import LogFullConfig, LoggerIds, default_loggers, resumed_run, silence_known_noise
+from .methods.base import SentEmbMethod
 from .precision import use_tf32
 from .user_code import add_user_folders
 
@@ -92,12 +92,6 @@ class SentEmbCLI(LightningCLI):
         # One source of truth: the method's `encode` batch follows the data module's evaluation
         # batch (two different values made Lightning stop with "Error while merging hparams").
         parser.link_arguments("data.eval_batch_size", "model.init_args.eval_batch_size")
-
-    def instantiate_classes(self) -> None:
-        """The method's backbone weights load in its `configure_model`, on each rank's own device
-        (`backbone_weights_in_configure_model`)."""
-        with backbone_weights_in_configure_model():
-            super().instantiate_classes()
 
     @property
     def run_checkpoint(self) -> SentEmbCheckpoint:

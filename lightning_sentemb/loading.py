@@ -11,6 +11,7 @@ from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .encoders.pretrained import load_config
 from .errors import SentEmbUserError
 from .methods.base import SentEmbMethod
+from .methods.building import build_method
 from .methods.simcse import SimCSE
 from .user_code import add_user_folders, missing_module_error
 
@@ -54,8 +55,8 @@ def load_method(
     if pooler is None and overrides.get("template") is None and family_of(load_config(path)).default_pooler == "cls":
         pooler = "cls_before_pooler"
     if pooler != "cls":
-        return SimCSE(path, pooler=pooler, mlp="none", **overrides)
-    method = SimCSE(path, pooler="cls", mlp="always", **overrides)
+        return build_method(SimCSE, path, pooler=pooler, mlp="none", **overrides)
+    method = build_method(SimCSE, path, pooler="cls", mlp="always", **overrides)
     backbone_pooler = getattr(method.encoder.backbone, "pooler", None)
     if backbone_pooler is None:
         raise SentEmbUserError(f"--pooler cls: {path} has no pooler layer, so 'cls' is undefined; use cls_before_pooler")

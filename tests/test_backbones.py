@@ -26,6 +26,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
+from lightning_sentemb.methods.building import build_method
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -33,13 +34,13 @@ SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence mean
              "kids play football in the park", "the sun shines"]
 
 METHODS = {
-    "SimCSE": lambda path: SimCSE(path),
-    "PromptBERT": lambda path: PromptBERT(path),
-    "ConPVP": lambda path: ConPVP(path, prompt_length=2),
-    "DCPCSE": lambda path: DCPCSE(path, prefix_len=2),
-    "ClusterNS": lambda path: ClusterNS(path, num_clusters=2),
-    "ClusterNSPrompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
-    "ClusterNSPrefix": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2),
+    "SimCSE": lambda path: build_method(SimCSE, path),
+    "PromptBERT": lambda path: build_method(PromptBERT, path),
+    "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
+    "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
+    "ClusterNS": lambda path: build_method(ClusterNS, path, num_clusters=2),
+    "ClusterNSPrompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
+    "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
 }
 BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
              "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
@@ -50,10 +51,10 @@ NEW_FAMILIES = [*ENCODERS, *DECODERS]
 
 # The README's method × backbone table: every default-configured pair works. What a family refuses:
 REFUSED = {
-    ("SimCSE", "pooler cls", "tiny_llama"): (lambda path: SimCSE(path, pooler="cls"), "sees only itself"),
-    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: SimCSE(path, mlm_weight=0.1), "no masked-LM head"),
-    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: DCPCSE(path, prefix_len=2, mlm_weight=0.1), "no masked-LM head"),
-    ("SimCSE", "pooler mask", "tiny_bert"): (lambda path: SimCSE(path, pooler="mask"), "template"),
+    ("SimCSE", "pooler cls", "tiny_llama"): (lambda path: build_method(SimCSE, path, pooler="cls"), "sees only itself"),
+    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: build_method(SimCSE, path, mlm_weight=0.1), "no masked-LM head"),
+    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: build_method(DCPCSE, path, prefix_len=2, mlm_weight=0.1), "no masked-LM head"),
+    ("SimCSE", "pooler mask", "tiny_bert"): (lambda path: build_method(SimCSE, path, pooler="mask"), "template"),
 }
 
 
@@ -110,8 +111,8 @@ def test_refused_pairs_get_one_line_naming_method_model_type_and_why(key, reques
 
 
 def test_decoders_default_to_last_token_pooling_and_the_prompteol_template(tiny_qwen2: str) -> None:
-    assert SimCSE(tiny_qwen2).hparams.pooler == "last"
-    method = PromptBERT(tiny_qwen2)
+    assert build_method(SimCSE, tiny_qwen2).hparams.pooler == "last"
+    method = build_method(PromptBERT, tiny_qwen2)
     assert not method.hparams.denoise_train  # PromptEOL trains without denoising
     template = method.encoder.format.templates[0]
     assert template.text == 'This sentence : "[X]" means in one word:"'
@@ -124,12 +125,12 @@ def test_decoders_default_to_last_token_pooling_and_the_prompteol_template(tiny_
 
 def test_a_decoder_template_written_with_mask_is_cut_before_it(tiny_llama: str) -> None:
     """ConPVP's and PromptBERT's [MASK] templates on a decoder: read at the token that predicts the mask."""
-    method = PromptBERT(tiny_llama, templates=['This sentence : "[X]" means [MASK] .'])
-    cut = PromptBERT(tiny_llama, templates=['This sentence : "[X]" means'])
+    method = build_method(PromptBERT, tiny_llama, templates=['This sentence : "[X]" means [MASK] .'])
+    cut = build_method(PromptBERT, tiny_llama, templates=['This sentence : "[X]" means'])
     sentences = ["the cat sat", "a dog runs in the park"]
     assert method.sentence_features(sentences)["input_ids"].equal(cut.sentence_features(sentences)["input_ids"])
     with pytest.raises(SentEmbUserError, match="must come first"):
-        PromptBERT(tiny_llama, templates=['[MASK] is what "[X]" means'])
+        build_method(PromptBERT, tiny_llama, templates=['[MASK] is what "[X]" means'])
 
 
 def left_padded(features: dict, pad_id: int) -> dict:
@@ -161,11 +162,11 @@ def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling:
                                                          request) -> None:
     path = request.getfixturevalue(backbone)
     if pooling == "template":
-        method = PromptBERT(path)
+        method = build_method(PromptBERT, path)
     elif pooling == "prompt_slots":
-        method = ConPVP(path, prompt_length=2)
+        method = build_method(ConPVP, path, prompt_length=2)
     else:
-        method = SimCSE(path, pooler=pooling, mlp="none")
+        method = build_method(SimCSE, path, pooler=pooling, mlp="none")
     method.encoder.configure_speed(padding_free, compile_layers=False)
     method.eval()
     right = method.sentence_features(SENTENCES)
@@ -177,13 +178,13 @@ def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling:
 
 
 PACKED_METHODS = {
-    "simcse": lambda path, family: SimCSE(path, pooler="cls" if family in ENCODERS else "last"),
-    "simcse_avg_first_last": lambda path, family: SimCSE(path, pooler="avg_first_last", hard_negative_weight=0.5),
-    "promptbert_denoised": lambda path, family: PromptBERT(path, denoise_train=True),
-    "conpvp": lambda path, family: ConPVP(path, prompt_length=2),
-    "dcpcse_shifted": lambda path, family: DCPCSE(path, pooler="avg", prefix_len=3),
-    "dcpcse_zero": lambda path, family: DCPCSE(path, pooler="avg", prefix_len=3, position_offset="zero"),
-    "clusterns": lambda path, family: ClusterNS(path, pooler="avg", num_clusters=2),
+    "simcse": lambda path, family: build_method(SimCSE, path, pooler="cls" if family in ENCODERS else "last"),
+    "simcse_avg_first_last": lambda path, family: build_method(SimCSE, path, pooler="avg_first_last", hard_negative_weight=0.5),
+    "promptbert_denoised": lambda path, family: build_method(PromptBERT, path, denoise_train=True),
+    "conpvp": lambda path, family: build_method(ConPVP, path, prompt_length=2),
+    "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
+    "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
+    "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
 }
 
 
@@ -281,12 +282,12 @@ def test_decoder_prefix_attention_equals_hand_written_attention(backbone: str, p
 
 
 DECODER_GRAD_METHODS = {
-    "simcse": lambda path: SimCSE(path),
-    "simcse_sup": lambda path: SimCSE(path, hard_negative_weight=0.5),
-    "promptbert": lambda path: PromptBERT(path, denoise_train=True),
-    "conpvp": lambda path: ConPVP(path, prompt_length=2),
-    "dcpcse": lambda path: DCPCSE(path, prefix_len=2),
-    "clusterns_prompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
+    "simcse": lambda path: build_method(SimCSE, path),
+    "simcse_sup": lambda path: build_method(SimCSE, path, hard_negative_weight=0.5),
+    "promptbert": lambda path: build_method(PromptBERT, path, denoise_train=True),
+    "conpvp": lambda path: build_method(ConPVP, path, prompt_length=2),
+    "dcpcse": lambda path: build_method(DCPCSE, path, prefix_len=2),
+    "clusterns_prompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
 }
 
 
@@ -328,12 +329,12 @@ def test_resume_is_bit_exact_on_a_decoder(method: str, tiny_qwen2, sts_fixture, 
 
 
 EXPORTED = {
-    "SimCSE": lambda path: SimCSE(path, mlp="train"),
-    "SimCSE_sup_mlp": lambda path: SimCSE(path, mlp="always"),
-    "PromptBERT": lambda path: PromptBERT(path),
-    "ConPVP": lambda path: ConPVP(path, prompt_length=2),
-    "DCPCSE": lambda path: DCPCSE(path, prefix_len=2),
-    "ClusterNSPrefix": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2),
+    "SimCSE": lambda path: build_method(SimCSE, path, mlp="train"),
+    "SimCSE_sup_mlp": lambda path: build_method(SimCSE, path, mlp="always"),
+    "PromptBERT": lambda path: build_method(PromptBERT, path),
+    "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
+    "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
+    "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
 }
 
 
@@ -375,7 +376,7 @@ def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_re
     config = MPNetConfig(vocab_size=ids["vocab_size"], pad_token_id=1, hidden_size=32,  # MPNet's padding_idx
                          num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=130)
     path = save_tiny(tmp_path / "mpnet", config)
-    method = SimCSE(path, pooler="avg", mlp="none").eval()
+    method = build_method(SimCSE, path, pooler="avg", mlp="none").eval()
     assert not method.encoder.padding_free
     assert not any(p.requires_grad for p in method.encoder.backbone.pooler.parameters())
     features = method.sentence_features(SENTENCES[:3])
@@ -388,4 +389,4 @@ def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_re
     distilbert = save_tiny(tmp_path / "distilbert", DistilBertConfig(vocab_size=ids["vocab_size"], dim=32, n_layers=2,
                                                                      n_heads=4, hidden_dim=64))
     with pytest.raises(SentEmbUserError, match="model.init_args.dropout: no known dropout setting in the distilbert"):
-        SimCSE(distilbert, pooler="avg", dropout=0.1)
+        build_method(SimCSE, distilbert, pooler="avg", dropout=0.1)

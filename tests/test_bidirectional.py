@@ -15,6 +15,7 @@ from torch import nn
 from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.encoders.packed import set_attention
 from lightning_sentemb.methods import DCPCSE, PromptBERT, SimCSE
+from lightning_sentemb.methods.building import build_method
 
 from .test_grad_cache import gradients
 
@@ -72,8 +73,8 @@ def unsupervised_batch(method: nn.Module) -> dict:
 
 
 METHODS = {
-    "simcse_avg": lambda path, **kw: SimCSE(path, pooler="avg", **kw),
-    "prompteol": lambda path, **kw: PromptBERT(path, **kw),  # explicit positions, the template's last token
+    "simcse_avg": lambda path, **kw: build_method(SimCSE, path, pooler="avg", **kw),
+    "prompteol": lambda path, **kw: build_method(PromptBERT, path, **kw),  # explicit positions, the template's last token
 }
 
 
@@ -104,7 +105,7 @@ def test_bidirectional_equals_hand_written_forward(family: str, name: str, reque
 def test_bidirectional_without_padding_on_the_padded_path(tiny_qwen2: str) -> None:
     """A batch without padding (transformers builds no mask then) is bidirectional as well."""
     torch.manual_seed(0)
-    method = quiet(SimCSE(tiny_qwen2, pooler="avg", bidirectional=True))
+    method = quiet(build_method(SimCSE, tiny_qwen2, pooler="avg", bidirectional=True))
     method.encoder.configure_speed(padding_free=False, compile_layers=False)
     ids = method.encoder.format.sentence_ids(["the cat sat .", "the dog sat ."])
     batch = method.collate([{"sent0": row} for row in ids])
@@ -115,7 +116,7 @@ def test_bidirectional_without_padding_on_the_padded_path(tiny_qwen2: str) -> No
 def test_dcpcse_prefix_with_bidirectional_attention(tiny_qwen2: str) -> None:
     """The prefix joins bidirectional attention alike packed and padded; without the switch it differs."""
     torch.manual_seed(0)
-    packed = quiet(DCPCSE(tiny_qwen2, pooler="avg", prefix_len=2, bidirectional=True))
+    packed = quiet(build_method(DCPCSE, tiny_qwen2, pooler="avg", prefix_len=2, bidirectional=True))
     padded = copy.deepcopy(packed)
     padded.encoder.configure_speed(padding_free=False, compile_layers=False)
     batch = unsupervised_batch(packed)
@@ -128,7 +129,7 @@ def test_dcpcse_prefix_with_bidirectional_attention(tiny_qwen2: str) -> None:
 def test_gradient_caching_with_bidirectional_attention(tiny_llama: str) -> None:
     """Chunked (gradient-cached) loss and gradients equal one forward's, in float64."""
     torch.manual_seed(0)
-    method = quiet(SimCSE(tiny_llama, pooler="avg", bidirectional=True)).double()
+    method = quiet(build_method(SimCSE, tiny_llama, pooler="avg", bidirectional=True)).double()
     batch = unsupervised_batch(method)
 
     assert_same(gradients(method, batch, 3), gradients(method, batch, 0))
@@ -136,6 +137,6 @@ def test_gradient_caching_with_bidirectional_attention(tiny_llama: str) -> None:
 
 def test_encoders_refuse_bidirectional(tiny_bert: str, tiny_qwen2: str) -> None:
     with pytest.raises(UnsupportedBackbone, match="encoder, bidirectional already"):
-        SimCSE(tiny_bert, bidirectional=True)
+        build_method(SimCSE, tiny_bert, bidirectional=True)
     with pytest.raises(UnsupportedBackbone, match="attn_implementation null"):
-        SimCSE(tiny_qwen2, bidirectional=True, attn_implementation="sdpa")
+        build_method(SimCSE, tiny_qwen2, bidirectional=True, attn_implementation="sdpa")

@@ -18,9 +18,10 @@ from torch.utils.data import DataLoader
 
 from lightning_sentemb.callbacks.kmeans import KMeansCallback
 from lightning_sentemb.cli import main
-from lightning_sentemb.loading import load_method
 from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.loading import load_method
 from lightning_sentemb.methods import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
+from lightning_sentemb.methods.building import build_method
 
 REPO = Path(__file__).resolve().parents[1]
 STATE_KEYS = {"cluster_state.centroids", "cluster_state.initialized", "cluster_state.num_updates"}
@@ -102,7 +103,7 @@ class SaveAtStart(Callback):
 def make_method(backbone: str, **overrides) -> ClusterNS:
     torch.manual_seed(0)
     options = {"pooler": "cls", "mlp": "train", "num_clusters": 4, "sigma": 1.0, "gamma": 0.1, "lr": 1e-3} | overrides
-    return ClusterNS(backbone, **options)
+    return build_method(ClusterNS, backbone, **options)
 
 
 def loader(method: ClusterNS, examples: int = 24, batch_size: int = 8) -> DataLoader:
@@ -214,7 +215,7 @@ def test_supervised_triplets_are_refused(tiny_bert):
 def test_prefix_variant_trains_only_the_prefix_and_checkpoints_the_centroids(tiny_bert):
     """ClusterNS on DCPCSE: the clustering loss reaches the prefix (and MLP) only, and the
     trainable-only checkpoint keeps the centroids."""
-    method = ClusterNSPrefix(tiny_bert, num_clusters=2, prefix_len=2)
+    method = build_method(ClusterNSPrefix, tiny_bert, num_clusters=2, prefix_len=2)
     method.cluster_state.initialize_(torch.randn(2, method.output_size))
     batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(WORDS)])
     loss, stats = method.training_loss(batch)
@@ -227,7 +228,7 @@ def test_prefix_variant_trains_only_the_prefix_and_checkpoints_the_centroids(tin
     assert STATE_KEYS <= set(checkpoint["state_dict"])
     assert not any(k.startswith("encoder.backbone.") for k in checkpoint["state_dict"])
     with pytest.raises(SentEmbUserError, match="hinge_weight"):
-        ClusterNSPrefix(tiny_bert, hinge_weight=10.0)
+        build_method(ClusterNSPrefix, tiny_bert, hinge_weight=10.0)
 
 
 # --- slow: DDP and the demo -----------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The backbone's weights load in `configure_model` for CLI-built methods (each rank once, onto the
-device Lightning gives it), the same model as a method built directly; the FSDP strategy wraps each
-transformer layer and refuses what it does not run."""
+"""One way to build a method: `__init__` leaves the backbone's weights to `configure_model` (each rank
+once, onto the device Lightning gives it), which the trainer calls and `build_method` calls elsewhere;
+the FSDP strategy wraps each transformer layer and refuses what it does not run."""
 
 from __future__ import annotations
 
@@ -15,15 +15,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from lightning_sentemb.distributed import LayerFSDPStrategy
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCPCSE, SimCSE
-from lightning_sentemb.methods.base import backbone_weights_in_configure_model
-from lightning_sentemb.methods.building import weights_device
+from lightning_sentemb.methods.building import build_method, weights_device
 
 LORA = {"r": 2, "target_modules": ["query", "value"]}
-
-
-def deferred(method_class, *args, **kwargs):
-    with backbone_weights_in_configure_model():
-        return method_class(*args, **kwargs)
 
 
 def trainable(method) -> set[str]:
@@ -35,17 +29,21 @@ def trainable(method) -> set[str]:
     (SimCSE, {"pooler": "cls", "mlm_weight": 0.1}),
     (DCPCSE, {"prefix_len": 2, "mlm_weight": 0.1}),
 ], ids=["simcse-lora", "simcse-mlm", "dcpcse-mlm"])
-def test_configure_model_loads_what_init_loads(method_class, kwargs, tiny_bert):
-    """Built for a trainer, the method holds a skeleton on the meta device until `configure_model`, which
-    loads the same weights, under the same names, with the same adapters and frozen parts, once."""
-    eager = method_class(tiny_bert, **kwargs)
-    method = deferred(method_class, tiny_bert, **kwargs)
+def test_configure_model_loads_the_weights_once(method_class, kwargs, tiny_bert):
+    """A method holds a skeleton on the meta device until `configure_model`, which loads the checkpoint's
+    weights with the adapters and frozen parts, once; `build_method` is exactly that."""
+    from transformers import AutoModel
+
+    eager = build_method(method_class, tiny_bert, **kwargs)
+    method = method_class(tiny_bert, **kwargs)
     assert method.encoder.weights_deferred and all(p.is_meta for p in method.encoder.backbone.parameters())
     assert method.tokenizer("a cat")["input_ids"] and method.output_size == 32  # all but the weights is there
     method.configure_model()
     method.configure_model()  # Lightning calls it at every stage: no second load, no second adapter
     assert not method.encoder.weights_deferred
     assert not any(p.is_meta for p in method.parameters())
+    torch.testing.assert_close(method.encoder.backbone.get_input_embeddings().weight,
+                               AutoModel.from_pretrained(tiny_bert).get_input_embeddings().weight, rtol=0, atol=0)
     state, expected = method.state_dict(), eager.state_dict()
     assert state.keys() == expected.keys() and trainable(method) == trainable(eager)
     from_the_checkpoint = [k for k in state if k.startswith("encoder.backbone.") and ".lora_" not in k]
@@ -66,7 +64,7 @@ def test_weights_load_onto_the_trainers_root_device(tiny_bert, monkeypatch):
     """The device is Lightning's root device (numbered by its local rank under torchrun and SLURM alike),
     never the LOCAL_RANK variable, which srun does not set."""
     monkeypatch.setenv("LOCAL_RANK", "5")
-    method = deferred(SimCSE, tiny_bert, backbone_dtype="bf16", lora=LORA)
+    method = SimCSE(tiny_bert, backbone_dtype="bf16", lora=LORA)
     asked = {}
     monkeypatch.setattr(method.encoder, "load_backbone", lambda **options: asked.update(options))
     monkeypatch.setattr("lightning_sentemb.methods.building.add_lora", lambda *args: None)
@@ -106,7 +104,7 @@ def test_fsdp_wraps_every_transformer_layer_of_each_family(tiny_bert, tiny_qwen2
     checkpointed = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
     for backbone, layers in ((tiny_bert, "encoder.backbone.encoder.layer"), (tiny_qwen2, "encoder.backbone.layers"),
                              (tiny_modernbert, "encoder.backbone.layers")):
-        method = SimCSE(backbone)
+        method = build_method(SimCSE, backbone)
         expected = list(method.get_submodule(layers))
         assert expected and all(isinstance(layer, GradientCheckpointingLayer) for layer in expected)
         assert set(strategy.kwargs["auto_wrap_policy"]._run_policy(method, set(), {})) == set(expected)
@@ -116,7 +114,7 @@ def test_fsdp_wraps_every_transformer_layer_of_each_family(tiny_bert, tiny_qwen2
 
 @pytest.mark.parametrize("option", ["grad_cache_chunk", "load_in_4bit"])
 def test_fsdp_refuses_gradient_caching_and_4bit(option, tiny_bert, monkeypatch):
-    method = SimCSE(tiny_bert, grad_cache_chunk=2)
+    method = build_method(SimCSE, tiny_bert, grad_cache_chunk=2)
     monkeypatch.setitem(method.hparams, "grad_cache_chunk", 2 if option == "grad_cache_chunk" else 0)
     monkeypatch.setitem(method.hparams, "load_in_4bit", option == "load_in_4bit")
     method._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), precision="bf16-mixed", gradient_clip_val=None,

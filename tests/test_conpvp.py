@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_sentemb.export import export
+from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.conpvp import NEGATIVE_TEMPLATES, POSITIVE_TEMPLATES, ConPVP
 from tests.test_promptbert import SENTENCES, check_demo_fit, sentence_transformer
 
@@ -18,7 +19,7 @@ MANUAL = 'This sentence : "[X]" means [MASK] .'
 @pytest.fixture(scope="module")
 def method(tiny_bert: str) -> ConPVP:
     torch.manual_seed(0)
-    return ConPVP(tiny_bert)
+    return build_method(ConPVP, tiny_bert)
 
 
 def examples(method: ConPVP, sentences: list[str] = SENTENCES) -> list[dict[str, list[int]]]:
@@ -56,7 +57,7 @@ def test_loss_is_eq1_on_fixed_tensors(method: ConPVP, prototypes: str, monkeypat
 @pytest.mark.parametrize("prompt_init", ["uniform", "normal"])
 def test_prompt_initialization(tiny_bert: str, prompt_init: str) -> None:
     torch.manual_seed(0)
-    prompt = ConPVP(tiny_bert, prompt_length=64, prompt_init=prompt_init).encoder.prompt.detach()
+    prompt = build_method(ConPVP, tiny_bert, prompt_length=64, prompt_init=prompt_init).encoder.prompt.detach()
     if prompt_init == "uniform":  # the reference's torch.rand
         assert prompt.min() >= 0 and prompt.max() < 1 and abs(float(prompt.mean()) - 0.5) < 0.05
     else:
@@ -152,7 +153,7 @@ def test_ablation_without_prototypes_is_prompt_simcse(method: ConPVP, monkeypatc
 
 
 def test_manual_anchor_ablation(tiny_bert: str, method: ConPVP) -> None:
-    manual = ConPVP(tiny_bert, anchor_template=MANUAL)
+    manual = build_method(ConPVP, tiny_bert, anchor_template=MANUAL)
     assert manual.encoder.prompt is None and "prompt_slots" not in manual.collate(examples(manual))["features"]
     assert manual.encoder.format.templates[0].text == MANUAL
     row = manual.encoder.format.wrap([], None)
@@ -173,7 +174,7 @@ def test_manual_anchor_ablation(tiny_bert: str, method: ConPVP) -> None:
 @pytest.mark.parametrize("denoise_test", [False, True])
 def test_export_reproduces_encode(tiny_bert: str, denoise_test: bool, tmp_path: Path) -> None:
     torch.manual_seed(0)
-    method = ConPVP(tiny_bert, denoise_test=denoise_test)
+    method = build_method(ConPVP, tiny_bert, denoise_test=denoise_test)
     with torch.no_grad():
         method.encoder.prompt.normal_()  # a trained-looking prompt, far from the initialization
     sentences = SENTENCES + ["a much longer sentence about a man who plays the guitar on the street ."]

@@ -18,6 +18,7 @@ from lightning.pytorch import Callback
 
 from lightning_sentemb.cli import main
 from lightning_sentemb.lightning_cli import end_of_fit, lightning_main
+from lightning_sentemb.methods.building import build_method
 from tests.test_first_hour import error_line
 from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, corpus, run_args  # noqa: F401 (corpus: a fixture)
 
@@ -313,7 +314,7 @@ def test_a_prompt_method_card_gives_its_template_and_trust_remote_code(tiny_bert
     from lightning_sentemb.export import export
     from lightning_sentemb.methods import PromptBERT
 
-    card = (export(PromptBERT(tiny_bert), tmp_path / "pb") / "README.md").read_text()
+    card = (export(build_method(PromptBERT, tiny_bert), tmp_path / "pb") / "README.md").read_text()
     assert "model-index" not in front_matter(card)  # no scores known
     assert '- Template: `This sentence : "[X]" means [MASK] .`' in card
     assert 'SentenceTransformer("pb", trust_remote_code=True)' in card

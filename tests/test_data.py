@@ -11,10 +11,10 @@ import pytest
 
 from lightning_sentemb.data import corpus
 from lightning_sentemb.data.corpus import CorpusReader, corpus_cache_path, open_tokenized_corpus, tokenize_corpus
-
 from lightning_sentemb.data.paths import MissingDataError
+from lightning_sentemb.data.senteval import STS_SUBSETS, load_sts_task, read_sick, read_sts_year, read_stsb
 from lightning_sentemb.errors import SentEmbUserError
-from lightning_sentemb.data.senteval import STS_SUBSETS, load_sts_task, read_sick, read_stsb, read_sts_year
+from lightning_sentemb.methods.building import build_method
 
 
 def test_sts_year_drops_unscored_pairs_and_normalizes_spaces(tmp_path):
@@ -263,7 +263,7 @@ def test_prepare_data_tokenizes_and_setup_only_opens(tiny_bert, sts_fixture, tmp
     data = SentEmbDataModule(data_dir=str(sts_fixture), batch_size=4, cache_dir=str(tmp_path / "cache"),
                              prepare_data_per_node=False)
     assert data.prepare_data_per_node is False  # Lightning's switch: once per job instead of once per node
-    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), lightning_module=SimCSE(tiny_bert),
+    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), lightning_module=build_method(SimCSE, tiny_bert),
                                    world_size=1)
     with pytest.raises(SentEmbUserError, match=r"wiki1m_for_simcse-\w+\.arrow: the tokenized training corpus is not "
                                                r"there; `prepare_data` writes it before `setup`"):
@@ -299,8 +299,8 @@ def test_the_collator_pickles_without_the_model_and_builds_the_same_batches(name
 
     from lightning_sentemb.methods import ConPVP, PromptBERT, SimCSE
 
-    build = {"simcse_mlm": lambda: SimCSE(tiny_bert, mlm_weight=0.5), "promptbert": lambda: PromptBERT(tiny_bert),
-             "conpvp": lambda: ConPVP(tiny_bert)}[name]
+    build = {"simcse_mlm": lambda: build_method(SimCSE, tiny_bert, mlm_weight=0.5), "promptbert": lambda: build_method(PromptBERT, tiny_bert),
+             "conpvp": lambda: build_method(ConPVP, tiny_bert)}[name]
     method = build()
     objects = pickled_objects(method.collator)
     assert not [o for o in objects if isinstance(o, (torch.nn.Module, torch.Tensor))]
@@ -325,7 +325,7 @@ def test_training_batches_under_the_spawn_start_method_equal_the_in_process_ones
     from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
     from lightning_sentemb.methods import ConPVP
 
-    method = ConPVP(tiny_bert)
+    method = build_method(ConPVP, tiny_bert)
     ids = method.tokenizer([f"sentence {i} about {'cats' if i % 2 else 'dogs'}" for i in range(12)],
                            add_special_tokens=False)["input_ids"]
     dataset = [{"sent0": row} for row in ids]

@@ -18,6 +18,7 @@ from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss, energy_hinge
 from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.losses.mlm import mlm_loss
 from lightning_sentemb.methods import DCPCSE, SimCSE
+from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.dcpcse import trainable_parameter_count
 
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football",
@@ -63,7 +64,7 @@ def test_bert_base_trainable_parameters_from_config(capsys) -> None:
 @pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
 @pytest.mark.parametrize("mlp,mlm,projection", [("train", False, False), ("none", True, False), ("always", True, True)])
 def test_parameter_count_formula_matches_the_module(family, mlp, mlm, projection, request) -> None:
-    method = DCPCSE(request.getfixturevalue(family), prefix_len=5, mlp=mlp, mlm_weight=0.1 if mlm else 0.0,
+    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=5, mlp=mlp, mlm_weight=0.1 if mlm else 0.0,
                     prefix_projection=projection, prefix_hidden_size=24)
     trainable = sum(p.numel() for p in method.parameters() if p.requires_grad)
     config = method.encoder.backbone.config
@@ -72,7 +73,7 @@ def test_parameter_count_formula_matches_the_module(family, mlp, mlm, projection
 
 @pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
 def test_backbone_frozen_in_train_mode_and_mlm_decoder_tied(family, request) -> None:
-    method = DCPCSE(request.getfixturevalue(family), prefix_len=4, mlm_weight=0.1)
+    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=4, mlm_weight=0.1)
     encoder = method.encoder
     assert method.training and encoder.backbone.training, "dropout is the augmentation"
     assert not any(p.requires_grad for p in encoder.backbone.parameters())
@@ -91,8 +92,8 @@ def test_backbone_frozen_in_train_mode_and_mlm_decoder_tied(family, request) -> 
 @pytest.mark.parametrize("pooler", ["cls", "avg", "avg_first_last", "avg_top2"])
 def test_zero_length_prefix_reproduces_the_plain_backbone(family, pooler, request) -> None:
     path = request.getfixturevalue(family)
-    prefixed = DCPCSE(path, prefix_len=0, pooler=pooler, mlp="none", mlm_weight=0.1)
-    plain = SimCSE(path, pooler=pooler, mlp="none", mlm_weight=0.1)
+    prefixed = build_method(DCPCSE, path, prefix_len=0, pooler=pooler, mlp="none", mlm_weight=0.1)
+    plain = build_method(SimCSE, path, pooler=pooler, mlp="none", mlm_weight=0.1)
     assert torch.equal(prefixed.encode(SENTENCES), plain.encode(SENTENCES))
     features = unsupervised_batch(plain)["features"]
     batch = {key: features[key] for key in ("input_ids", "attention_mask")}
@@ -103,10 +104,10 @@ def test_zero_length_prefix_reproduces_the_plain_backbone(family, pooler, reques
 
 
 def test_truncation_is_capped_by_the_shifted_positions(tiny_bert) -> None:
-    assert SimCSE(tiny_bert, mlp="none").encoder.max_length == 128
-    assert DCPCSE(tiny_bert, prefix_len=3).encoder.max_length == 125
-    assert DCPCSE(tiny_bert, prefix_len=3, position_offset="zero").encoder.max_length == 128
-    method = DCPCSE(tiny_bert, prefix_len=3)
+    assert build_method(SimCSE, tiny_bert, mlp="none").encoder.max_length == 128
+    assert build_method(DCPCSE, tiny_bert, prefix_len=3).encoder.max_length == 125
+    assert build_method(DCPCSE, tiny_bert, prefix_len=3, position_offset="zero").encoder.max_length == 128
+    method = build_method(DCPCSE, tiny_bert, prefix_len=3)
     assert method.sentence_features(SENTENCES[-1:])["input_ids"].shape == (1, 125)
     assert method.encode(SENTENCES).shape == (4, 32)
 
@@ -114,7 +115,7 @@ def test_truncation_is_capped_by_the_shifted_positions(tiny_bert) -> None:
 # ----- gradients and the loss ---------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
 def test_gradients_reach_the_prefix_of_every_layer_from_both_losses(family, request) -> None:
-    method = DCPCSE(request.getfixturevalue(family), prefix_len=4, mlm_weight=0.1)
+    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=4, mlm_weight=0.1)
     batch = unsupervised_batch(method)
     weight = method.encoder.prefixed.prefix_encoder.embedding.weight
     layers, hidden = method.encoder.backbone.config.num_hidden_layers, method.encoder.hidden_size
@@ -134,7 +135,7 @@ def test_gradients_reach_the_prefix_of_every_layer_from_both_losses(family, requ
 
 
 def test_gradients_reach_the_reparameterized_prefix(tiny_bert) -> None:
-    method = DCPCSE(tiny_bert, prefix_len=4, prefix_projection=True, prefix_hidden_size=16)
+    method = build_method(DCPCSE, tiny_bert, prefix_len=4, prefix_projection=True, prefix_hidden_size=16)
     loss, _ = method.training_loss(unsupervised_batch(method))
     loss.backward()
     for name, p in method.encoder.prefixed.prefix_encoder.named_parameters():
@@ -142,12 +143,12 @@ def test_gradients_reach_the_reparameterized_prefix(tiny_bert) -> None:
 
 
 def test_mlm_weight_schedule_by_hand(tiny_bert, monkeypatch) -> None:
-    method = DCPCSE(tiny_bert, prefix_len=2, mlm_weight=0.1)  # decay 0.95 every 100 steps (paper)
+    method = build_method(DCPCSE, tiny_bert, prefix_len=2, mlm_weight=0.1)  # decay 0.95 every 100 steps (paper)
     expected = {0: 0.1, 50: 0.1 * math.sqrt(0.95), 100: 0.095, 200: 0.09025, 1000: 0.05987369392383789}
     for step, weight in expected.items():
         assert method.mlm_weight_at(step) == pytest.approx(weight, rel=1e-12), step
-    assert DCPCSE(tiny_bert, mlm_weight=0.2, mlm_decay_rate=0.5, mlm_decay_steps=10).mlm_weight_at(20) == pytest.approx(0.05)
-    assert DCPCSE(tiny_bert).mlm_weight_at(500) == 0.0  # MLM off by default (paper: BERT)
+    assert build_method(DCPCSE, tiny_bert, mlm_weight=0.2, mlm_decay_rate=0.5, mlm_decay_steps=10).mlm_weight_at(20) == pytest.approx(0.05)
+    assert build_method(DCPCSE, tiny_bert).mlm_weight_at(500) == 0.0  # MLM off by default (paper: BERT)
 
     # training_step weighs the MLM loss with the weight at the current global step
     monkeypatch.setattr(DCPCSE, "global_step", property(lambda self: 200))
@@ -222,7 +223,7 @@ def short_fit(method: DCPCSE, corpus: Path, root: Path, max_steps: int = 3, ckpt
 def fitted(tiny_bert, corpus_file, tmp_path):
     """A 3-step fit with the MLM loss on; returns (method, backbone before, trainer, checkpoint path)."""
     torch.manual_seed(0)
-    method = DCPCSE(tiny_bert, prefix_len=4, mlm_weight=0.1, lr=1e-2)
+    method = build_method(DCPCSE, tiny_bert, prefix_len=4, mlm_weight=0.1, lr=1e-2)
     before = backbone_state(method)
     trainable_before = {n: p.detach().clone() for n, p in method.named_parameters() if p.requires_grad}
     trainer = short_fit(method, corpus_file, tmp_path)
@@ -266,7 +267,7 @@ def test_checkpoint_holds_only_trainable_tensors_and_reloads(fitted, corpus_file
     with pytest.raises(RuntimeError, match="Missing key.*prefix_encoder"):
         DCPCSE.load_from_checkpoint(tmp_path / "broken.ckpt")
 
-    resumed = DCPCSE(method.hparams.backbone, prefix_len=4, mlm_weight=0.1, lr=1e-2)
+    resumed = build_method(DCPCSE, method.hparams.backbone, prefix_len=4, mlm_weight=0.1, lr=1e-2)
     trainer = short_fit(resumed, corpus_file, tmp_path / "resume", max_steps=4, ckpt_path=str(path))
     assert trainer.global_step == 4
 
@@ -291,11 +292,11 @@ def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(fa
     from sentence_transformers import SentenceTransformer
 
     torch.manual_seed(0)
-    method = DCPCSE(request.getfixturevalue(family), prefix_len=4, pooler=pooler, mlp=mlp,
+    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=4, pooler=pooler, mlp=mlp,
                     prefix_projection=projection, prefix_hidden_size=16)
     for p in method.encoder.prefixed.prefix_encoder.parameters():
         torch.nn.init.normal_(p, std=0.5)  # a prefix that visibly changes the embeddings
-    assert not torch.allclose(method.encode(SENTENCES), SimCSE(method.hparams.backbone, pooler=pooler, mlp=mlp).encode(SENTENCES))
+    assert not torch.allclose(method.encode(SENTENCES), build_method(SimCSE, method.hparams.backbone, pooler=pooler, mlp=mlp).encode(SENTENCES))
     folder = export(method, tmp_path / "export")
 
     weights = [f for f in folder.rglob("*.safetensors")]

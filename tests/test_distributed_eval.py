@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightning_sentemb.distributed import gather_strided_rows
+from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.simcse import SimCSE
 from tests.conftest import write_sts_fixture
 from tests.evaluation.conftest import write_clustering_fixture, write_transfer_fixture
@@ -41,7 +42,7 @@ def per_batch_reference(method: SimCSE, sentences: list[str], batch_size: int) -
 
 
 def test_encode_equals_the_per_batch_copy(tiny_bert):
-    method = SimCSE(tiny_bert, pooler="cls", mlp="none")
+    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="none")
     encoded = method.encode(SENTENCES, batch_size=4)
     assert encoded.dtype == torch.float32 and encoded.device.type == "cpu" and not encoded.is_pinned()
     assert torch.equal(encoded, per_batch_reference(method, SENTENCES, 4))
@@ -52,7 +53,7 @@ def gather_worker(rank: int, init_file: str, backbone: str, out_file: str) -> No
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     rows = {total: gather_strided_rows(torch.arange(total * 3.0).view(total, 3)[rank::2], total)
             for total in (1, 4, 5)}  # one rank empty, equal shares, unequal shares
-    method = SimCSE(backbone, pooler="cls", mlp="none")
+    method = build_method(SimCSE, backbone, pooler="cls", mlp="none")
     encoded = method.encode_across_ranks(SENTENCES, batch_size=2)
     torch.save({"rows": rows, "encoded": encoded}, f"{out_file}.{rank}")
     dist.destroy_process_group()
@@ -60,7 +61,7 @@ def gather_worker(rank: int, init_file: str, backbone: str, out_file: str) -> No
 
 def test_ranks_share_encoding_and_all_get_every_row_in_order(tiny_bert, tmp_path):
     mp.spawn(gather_worker, args=(str(tmp_path / "init"), tiny_bert, str(tmp_path / "out")), nprocs=2, join=True)
-    single = SimCSE(tiny_bert, pooler="cls", mlp="none")
+    single = build_method(SimCSE, tiny_bert, pooler="cls", mlp="none")
     assert torch.equal(single.encode_across_ranks(SENTENCES, batch_size=2), single.encode(SENTENCES, batch_size=2))
     for rank in (0, 1):
         result = torch.load(tmp_path / f"out.{rank}")

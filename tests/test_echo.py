@@ -18,6 +18,7 @@ from lightning_sentemb.cli import main
 from lightning_sentemb.encoders.echo import ECHO_TEMPLATE
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import PromptBERT, SimCSE
+from lightning_sentemb.methods.building import build_method
 
 from .conftest import DECODER_SIZES
 
@@ -48,7 +49,7 @@ def echo_decoder(tmp_path_factory) -> str:
 
 
 def test_echo_span_is_the_second_copy_though_bpe_merges_across_it(echo_decoder: str) -> None:
-    method = SimCSE(echo_decoder, template="echo", mlp="none").eval()
+    method = build_method(SimCSE, echo_decoder, template="echo", mlp="none").eval()
     assert method.hparams.pooler == "echo_mean"
     tokenizer, format = method.tokenizer, method.encoder.format
     ids = format.sentence_ids(WORDS)
@@ -84,7 +85,7 @@ def test_echo_training_packed_equals_padded(tiny_qwen2: str) -> None:
     """Unsupervised SimCSE and supervised NLI (PromptEOL's recipe) with the echo template and pooler: the
     padding-free forward's loss and gradients equal the padded one's."""
     torch.manual_seed(0)
-    packed = SimCSE(tiny_qwen2, template="echo", pooler="echo_last", mlp="none", hard_negative_weight=0.0)
+    packed = build_method(SimCSE, tiny_qwen2, template="echo", pooler="echo_last", mlp="none", hard_negative_weight=0.0)
     for module in packed.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
@@ -107,10 +108,10 @@ def test_echo_training_packed_equals_padded(tiny_qwen2: str) -> None:
 
 def test_echo_refusals(tiny_qwen2: str) -> None:
     with pytest.raises(SentEmbUserError, match="template echo"):
-        SimCSE(tiny_qwen2, pooler="echo_mean")
+        build_method(SimCSE, tiny_qwen2, pooler="echo_mean")
     with pytest.raises(SentEmbUserError, match="second copy"):
-        SimCSE(tiny_qwen2, template="echo", pooler="last")
+        build_method(SimCSE, tiny_qwen2, template="echo", pooler="last")
     with pytest.raises(SentEmbUserError, match="exactly twice"):
-        SimCSE(tiny_qwen2, template="Rewrite: [X]")
+        build_method(SimCSE, tiny_qwen2, template="Rewrite: [X]")
     with pytest.raises(SentEmbUserError, match="its own input format"):
-        PromptBERT(tiny_qwen2, template="echo")
+        build_method(PromptBERT, tiny_qwen2, template="echo")

@@ -8,6 +8,7 @@ import torch
 
 from lightning_sentemb.cli import main
 from lightning_sentemb.loading import load_method
+from lightning_sentemb.methods.building import build_method
 
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football"]
 
@@ -80,7 +81,7 @@ def test_export_round_trip_for_each_plain_pooler(pooler, tiny_roberta, tmp_path)
     from lightning_sentemb.export import export
     from lightning_sentemb.methods import SimCSE
 
-    method = SimCSE(tiny_roberta, pooler=pooler, mlp="none")
+    method = build_method(SimCSE, tiny_roberta, pooler=pooler, mlp="none")
     export(method, tmp_path / "export")
     st = SentenceTransformer(str(tmp_path / "export"), device="cpu")
     assert torch.allclose(torch.as_tensor(st.encode(SENTENCES)), method.encode(SENTENCES), atol=1e-5)
@@ -92,7 +93,7 @@ def test_mlp_kept_at_evaluation_is_exported_as_pooler_and_dense(tiny_bert, tmp_p
     from lightning_sentemb.export import export
     from lightning_sentemb.methods import SimCSE
 
-    method = SimCSE(tiny_bert, pooler="cls", mlp="always")
+    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="always")
     export(method, tmp_path / "export")
     expected = method.encode(SENTENCES)
     st = SentenceTransformer(str(tmp_path / "export"), device="cpu")
@@ -109,7 +110,7 @@ def test_export_refuses_a_non_empty_folder(tiny_bert, tmp_path):
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "keep.txt").write_text("x")
     with pytest.raises(FileExistsError, match="not empty"):
-        export(SimCSE(tiny_bert, pooler="avg", mlp="none"), tmp_path / "export")
+        export(build_method(SimCSE, tiny_bert, pooler="avg", mlp="none"), tmp_path / "export")
 
 
 def test_supervised_fit_with_nli_triplets(tiny_bert, sts_fixture, tmp_path):
@@ -124,7 +125,7 @@ def test_supervised_fit_with_nli_triplets(tiny_bert, sts_fixture, tmp_path):
 def test_encode_is_order_preserving_and_batch_independent(tiny_bert):
     from lightning_sentemb.methods import SimCSE
 
-    method = SimCSE(tiny_bert, pooler="avg", mlp="none")
+    method = build_method(SimCSE, tiny_bert, pooler="avg", mlp="none")
     together = method.encode(SENTENCES, batch_size=2)
     alone = torch.cat([method.encode([s]) for s in SENTENCES])
     assert torch.allclose(together, alone, atol=1e-5)

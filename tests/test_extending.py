@@ -16,6 +16,7 @@ import torch
 
 from lightning_sentemb.cli import main
 from lightning_sentemb.export.model_card import PAPERS
+from lightning_sentemb.methods.building import build_method
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a man plays guitar", "the cat sleeps on the mat", "kids play football today"]
@@ -105,5 +106,5 @@ def test_a_custom_method_that_changes_its_embedding_is_not_exported_as_its_base(
             return 2 * super().embed(features)
 
     with pytest.raises(SentEmbUserError, match="overrides embed .* override write_export"):
-        export(LastLayerTwice(tiny_bert), tmp_path / "out")
+        export(build_method(LastLayerTwice, tiny_bert), tmp_path / "out")
     assert not (tmp_path / "out").exists()

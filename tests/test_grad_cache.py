@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
+from lightning_sentemb.methods.building import build_method
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
@@ -29,21 +30,21 @@ WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football
 CHUNK = 3  # divides neither the views nor the rows: chunks straddle views and template-bias rows
 
 METHODS = {
-    "simcse": lambda path: SimCSE(path),
-    "simcse_mlm": lambda path: SimCSE(path, mlm_weight=0.1),
-    "simcse_sup": lambda path: SimCSE(path, hard_negative_weight=0.5),
-    "promptbert": lambda path: PromptBERT(path),
-    "conpvp": lambda path: ConPVP(path),
-    "dcpcse_mlm": lambda path: DCPCSE(path, mlm_weight=0.1, prefix_len=2),
-    "clusterns": lambda path: ClusterNS(path, num_clusters=2),
-    "clusterns_prompt": lambda path: ClusterNSPrompt(path, num_clusters=2),
-    "clusterns_prefix_mlm": lambda path: ClusterNSPrefix(path, num_clusters=2, prefix_len=2, mlm_weight=0.1),
+    "simcse": lambda path: build_method(SimCSE, path),
+    "simcse_mlm": lambda path: build_method(SimCSE, path, mlm_weight=0.1),
+    "simcse_sup": lambda path: build_method(SimCSE, path, hard_negative_weight=0.5),
+    "promptbert": lambda path: build_method(PromptBERT, path),
+    "conpvp": lambda path: build_method(ConPVP, path),
+    "dcpcse_mlm": lambda path: build_method(DCPCSE, path, mlm_weight=0.1, prefix_len=2),
+    "clusterns": lambda path: build_method(ClusterNS, path, num_clusters=2),
+    "clusterns_prompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
+    "clusterns_prefix_mlm": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2, mlm_weight=0.1),
     # Matryoshka: the loss over truncations (views, template-bias rows, prototypes, centroids truncated alike)
-    "simcse_mlm_matryoshka": lambda path: SimCSE(path, mlm_weight=0.1, matryoshka_dims=[32, 8]),
-    "promptbert_matryoshka": lambda path: PromptBERT(path, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, .5, 2]),
-    "conpvp_matryoshka": lambda path: ConPVP(path, matryoshka_dims=[16, 8]),
-    "dcpcse_matryoshka": lambda path: DCPCSE(path, prefix_len=2, matryoshka_dims=[32, 8]),
-    "clusterns_prompt_matryoshka": lambda path: ClusterNSPrompt(path, num_clusters=2, matryoshka_dims=[32, 16, 8]),
+    "simcse_mlm_matryoshka": lambda path: build_method(SimCSE, path, mlm_weight=0.1, matryoshka_dims=[32, 8]),
+    "promptbert_matryoshka": lambda path: build_method(PromptBERT, path, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, .5, 2]),
+    "conpvp_matryoshka": lambda path: build_method(ConPVP, path, matryoshka_dims=[16, 8]),
+    "dcpcse_matryoshka": lambda path: build_method(DCPCSE, path, prefix_len=2, matryoshka_dims=[32, 8]),
+    "clusterns_prompt_matryoshka": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2, matryoshka_dims=[32, 16, 8]),
 }
 
 
@@ -159,7 +160,7 @@ def test_trainer_step_matches_automatic_optimization(tiny_bert: str) -> None:
     runs = {}
     for chunk in (0, CHUNK):
         torch.manual_seed(0)
-        method = SimCSE(tiny_bert, warmup_steps=1, lr=1e-3, grad_cache_chunk=chunk, mlm_weight=0.1)
+        method = build_method(SimCSE, tiny_bert, warmup_steps=1, lr=1e-3, grad_cache_chunk=chunk, mlm_weight=0.1)
         for module in method.modules():
             if isinstance(module, nn.Dropout):
                 module.p = 0.0
@@ -204,7 +205,7 @@ def test_trainer_gradient_clipping_applies_under_caching(algorithm: str, tiny_be
 
 
 def test_gradient_accumulation_is_refused_under_caching(tiny_bert: str) -> None:
-    method = SimCSE(tiny_bert, grad_cache_chunk=CHUNK)
+    method = build_method(SimCSE, tiny_bert, grad_cache_chunk=CHUNK)
     with pytest.raises(SentEmbUserError, match="grad_cache_chunk"):
         fit_steps(method, examples(method), steps=1, accumulate_grad_batches=2)
 

@@ -21,22 +21,23 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
 from lightning_sentemb.loading import load_method
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods.building import build_method
 from tests.test_grad_cache import CHUNK, examples, gradients, relative_error
 from tests.test_padding_free import without_dropout
-from tests.test_resume import MAX_STEPS, KILL_AT, TerminateAt, fit, read_losses, run_args, trained_state
+from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, fit, read_losses, run_args, trained_state
 
 SENTENCES = ["a man is playing a guitar", "an old cat sat on the mat", "a woman is slicing an onion today ."]
 LORA = {"r": 4, "alpha": 8.0, "dropout": 0.1, "target_modules": "all-linear"}
 
 # (backbone fixture, method with LoRA): every head kind — MLP, MLM head, prompt vectors, prefix, centroids
 METHODS = {
-    "simcse_mlm_bert": ("tiny_bert", lambda b, **k: SimCSE(b, pooler="cls", mlp="always", mlm_weight=0.1, **k)),
-    "promptbert_bert": ("tiny_bert", lambda b, **k: PromptBERT(b, **k)),
-    "conpvp_bert": ("tiny_bert", lambda b, **k: ConPVP(b, prompt_length=2, **k)),
-    "dcpcse_bert": ("tiny_bert", lambda b, **k: DCPCSE(b, pooler="avg", prefix_len=2, **k)),
-    "clusterns_roberta": ("tiny_roberta", lambda b, **k: ClusterNS(b, pooler="avg_first_last", num_clusters=2, **k)),
-    "simcse_qwen2": ("tiny_qwen2", lambda b, **k: SimCSE(b, pooler="avg", **k)),
-    "simcse_llama": ("tiny_llama", lambda b, **k: SimCSE(b, pooler="avg", mlp="always", **k)),
+    "simcse_mlm_bert": ("tiny_bert", lambda b, **k: build_method(SimCSE, b, pooler="cls", mlp="always", mlm_weight=0.1, **k)),
+    "promptbert_bert": ("tiny_bert", lambda b, **k: build_method(PromptBERT, b, **k)),
+    "conpvp_bert": ("tiny_bert", lambda b, **k: build_method(ConPVP, b, prompt_length=2, **k)),
+    "dcpcse_bert": ("tiny_bert", lambda b, **k: build_method(DCPCSE, b, pooler="avg", prefix_len=2, **k)),
+    "clusterns_roberta": ("tiny_roberta", lambda b, **k: build_method(ClusterNS, b, pooler="avg_first_last", num_clusters=2, **k)),
+    "simcse_qwen2": ("tiny_qwen2", lambda b, **k: build_method(SimCSE, b, pooler="avg", **k)),
+    "simcse_llama": ("tiny_llama", lambda b, **k: build_method(SimCSE, b, pooler="avg", mlp="always", **k)),
 }
 
 
@@ -97,13 +98,13 @@ def test_only_adapters_and_heads_train_and_the_base_stays_bit_identical(name, re
 
 def test_lora_settings_are_checked_in_one_line(tiny_bert) -> None:
     with pytest.raises(SentEmbUserError, match=r"lora: unknown key\(s\) rank"):
-        SimCSE(tiny_bert, lora={"rank": 4})
+        build_method(SimCSE, tiny_bert, lora={"rank": 4})
     with pytest.raises(SentEmbUserError, match="lora.r must be a positive integer"):
-        SimCSE(tiny_bert, lora={"r": 0})
+        build_method(SimCSE, tiny_bert, lora={"r": 0})
     with pytest.raises(SentEmbUserError, match="matches no layer of this bert backbone.*query, value"):
-        SimCSE(tiny_bert, lora={"target_modules": ["q_proj"]})
+        build_method(SimCSE, tiny_bert, lora={"target_modules": ["q_proj"]})
     # the BERT pooler feeds no pooler of ours: never adapted, also when a target names its layer
-    method = SimCSE(tiny_bert, lora={"r": 2, "target_modules": ["dense"]})
+    method = build_method(SimCSE, tiny_bert, lora={"r": 2, "target_modules": ["dense"]})
     assert not has_lora(method.encoder.backbone.pooler) and has_lora(method.encoder.backbone.encoder)
 
 
@@ -168,7 +169,7 @@ def test_adapter_only_export_reloads_to_the_same_embeddings(name, request, tmp_p
 
 def test_adapter_only_needs_lora_and_leaves_no_folder(tiny_bert, tmp_path) -> None:
     with pytest.raises(SentEmbUserError, match="--adapter-only needs a model trained with LoRA"):
-        export(SimCSE(tiny_bert, pooler="avg"), tmp_path / "export", adapter_only=True)
+        export(build_method(SimCSE, tiny_bert, pooler="avg"), tmp_path / "export", adapter_only=True)
     assert not (tmp_path / "export").exists()
 
 
@@ -220,7 +221,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name, padding_
     methods = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        method = make(backbone, lora=LORA if lora else None, padding_free=padding_free,
+        method = make(backbone, lora=LORA if lora else None, attn_implementation=None if padding_free else "sdpa",
                       gradient_checkpointing=checkpointing)
         methods.append(randomize_adapters(method) if lora else method)
     batch = methods[0].collate(examples(methods[0]))
@@ -253,7 +254,7 @@ def ddp_fit(backbone: str, out: str) -> None:
 
 def lora_simcse(backbone: str) -> SimCSE:
     torch.manual_seed(0)
-    return without_dropout(randomize_adapters(SimCSE(backbone, pooler="avg", lora=LORA))).to(torch.float64)
+    return without_dropout(randomize_adapters(build_method(SimCSE, backbone, pooler="avg", lora=LORA))).to(torch.float64)
 
 
 @pytest.mark.slow
@@ -322,7 +323,7 @@ def test_a_checkpoint_on_a_different_base_is_one_line(tiny_qwen2, tiny_llama, tm
 
     backbone = tmp_path / "base"
     shutil.copytree(tiny_qwen2, backbone)
-    method = SimCSE(str(backbone), pooler="avg", lora=LORA)
+    method = build_method(SimCSE, str(backbone), pooler="avg", lora=LORA)
     trainer = short_fit(method, steps=1)
     trainer.save_checkpoint(tmp_path / "last.ckpt")
     load_method(str(tmp_path / "last.ckpt"))  # the same base: loads
@@ -337,7 +338,7 @@ def test_a_checkpoint_on_a_different_base_is_one_line(tiny_qwen2, tiny_llama, tm
 
 
 def test_a_checkpoint_missing_trained_tensors_is_refused(tiny_bert, tmp_path) -> None:
-    method = SimCSE(tiny_bert, pooler="avg", lora=LORA)
+    method = build_method(SimCSE, tiny_bert, pooler="avg", lora=LORA)
     short_fit(method, steps=1).save_checkpoint(tmp_path / "last.ckpt")
     checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
     name = next(k for k in checkpoint["state_dict"] if ".lora_A" in k)
@@ -349,7 +350,7 @@ def test_a_checkpoint_missing_trained_tensors_is_refused(tiny_bert, tmp_path) ->
 
 # ----- low-precision and 4-bit backbones -----------------------------------------------------------
 def test_bf16_backbone_keeps_what_trains_in_fp32(tiny_bert) -> None:
-    method = SimCSE(tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA, backbone_dtype="bf16")
+    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA, backbone_dtype="bf16")
     assert all(p.dtype == torch.float32 for p in method.parameters() if p.requires_grad)
     base = [p.dtype for n, p in method.encoder.backbone.named_parameters() if ".lora_" not in n]
     assert base and all(dtype == torch.bfloat16 for dtype in base)
@@ -363,8 +364,8 @@ def test_bf16_backbone_keeps_what_trains_in_fp32(tiny_bert) -> None:
 
 def test_low_precision_refuses_a_trained_backbone(tiny_bert) -> None:
     with pytest.raises(SentEmbUserError, match="backbone_dtype fp16.*model.init_args.lora"):
-        SimCSE(tiny_bert, backbone_dtype="fp16")
-    assert DCPCSE(tiny_bert, prefix_len=2, backbone_dtype="fp16").backbone_frozen  # a frozen backbone may
+        build_method(SimCSE, tiny_bert, backbone_dtype="fp16")
+    assert build_method(DCPCSE, tiny_bert, prefix_len=2, backbone_dtype="fp16").backbone_frozen  # a frozen backbone may
 
 
 def test_4bit_is_refused_without_a_gpu_or_bitsandbytes(tiny_bert, monkeypatch) -> None:
@@ -372,13 +373,13 @@ def test_4bit_is_refused_without_a_gpu_or_bitsandbytes(tiny_bert, monkeypatch) -
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SentEmbUserError, match="load_in_4bit: 4-bit weights .* need a CUDA GPU"):
-        SimCSE(tiny_bert, lora=LORA, load_in_4bit=True)
+        build_method(SimCSE, tiny_bert, lora=LORA, load_in_4bit=True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a))
     with pytest.raises(SentEmbUserError, match=r"pip install 'lightning_sentemb\[qlora\]'"):
-        SimCSE(tiny_bert, lora=LORA, load_in_4bit=True)
+        build_method(SimCSE, tiny_bert, lora=LORA, load_in_4bit=True)
 
 
 @pytest.mark.slow

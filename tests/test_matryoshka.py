@@ -15,6 +15,7 @@ from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.matryoshka import truncate
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods.building import build_method
 
 DIMS, WEIGHTS = [32, 16, 8], [1.0, 0.5, 2.0]
 N = 4  # sentences
@@ -46,16 +47,16 @@ def clusterns_reference(embeddings, method, dim):
 
 
 CASES = {
-    "simcse": (lambda p: SimCSE(p, **MATRYOSHKA), 2, simcse_reference(InfoNCELoss(0.05), 2)),
-    "simcse_sup": (lambda p: SimCSE(p, hard_negative_weight=0.5, **MATRYOSHKA), 3,
+    "simcse": (lambda p: build_method(SimCSE, p, **MATRYOSHKA), 2, simcse_reference(InfoNCELoss(0.05), 2)),
+    "simcse_sup": (lambda p: build_method(SimCSE, p, hard_negative_weight=0.5, **MATRYOSHKA), 3,
                    simcse_reference(InfoNCELoss(0.05, 0.5), 3)),
-    "promptbert": (lambda p: PromptBERT(p, **MATRYOSHKA), 2, simcse_reference(InfoNCELoss(0.05), 2)),
-    "conpvp": (lambda p: ConPVP(p, **MATRYOSHKA), 3, simcse_reference(InfoNCELoss(0.05), 3)),
-    "dcpcse_sup_hinge": (lambda p: DCPCSE(p, prefix_len=2, hinge_weight=10.0, **MATRYOSHKA), 3,
+    "promptbert": (lambda p: build_method(PromptBERT, p, **MATRYOSHKA), 2, simcse_reference(InfoNCELoss(0.05), 2)),
+    "conpvp": (lambda p: build_method(ConPVP, p, **MATRYOSHKA), 3, simcse_reference(InfoNCELoss(0.05), 3)),
+    "dcpcse_sup_hinge": (lambda p: build_method(DCPCSE, p, prefix_len=2, hinge_weight=10.0, **MATRYOSHKA), 3,
                          simcse_reference(InfoNCEHingeLoss(0.05, 0.0, 0.2, 10.0), 3)),
-    "clusterns": (lambda p: ClusterNS(p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
-    "clusterns_prompt": (lambda p: ClusterNSPrompt(p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
-    "clusterns_prefix": (lambda p: ClusterNSPrefix(p, num_clusters=2, prefix_len=2, **MATRYOSHKA), 2,
+    "clusterns": (lambda p: build_method(ClusterNS, p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
+    "clusterns_prompt": (lambda p: build_method(ClusterNSPrompt, p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
+    "clusterns_prefix": (lambda p: build_method(ClusterNSPrefix, p, num_clusters=2, prefix_len=2, **MATRYOSHKA), 2,
                          clusterns_reference),
 }
 
@@ -78,7 +79,7 @@ def test_loss_is_the_weighted_sum_over_truncations(name: str, tiny_bert: str) ->
 
 
 def test_without_dims_the_loss_is_the_methods_own(tiny_bert: str) -> None:
-    method = SimCSE(tiny_bert).double()
+    method = build_method(SimCSE, tiny_bert).double()
     embeddings = torch.randn(2 * N, 32, dtype=torch.float64)
     loss, logs = method.sentence_loss(embeddings, {"num_views": 2})
     torch.testing.assert_close(loss, InfoNCELoss(0.05)(embeddings[:N], embeddings[N:], torch.arange(N)))
@@ -86,7 +87,7 @@ def test_without_dims_the_loss_is_the_methods_own(tiny_bert: str) -> None:
 
 
 def test_weights_default_to_one(tiny_bert: str) -> None:
-    method = SimCSE(tiny_bert, matryoshka_dims=[32, 8]).double()
+    method = build_method(SimCSE, tiny_bert, matryoshka_dims=[32, 8]).double()
     embeddings = torch.randn(2 * N, 32, dtype=torch.float64)
     loss, _ = method.sentence_loss(embeddings, {"num_views": 2})
     reference = simcse_reference(InfoNCELoss(0.05), 2)
@@ -102,7 +103,7 @@ def test_weights_default_to_one(tiny_bert: str) -> None:
 ])
 def test_settings_that_cannot_apply_are_one_line(options: dict, message: str, tiny_bert: str) -> None:
     with pytest.raises(SentEmbUserError, match=message):
-        SimCSE(tiny_bert, **options)
+        build_method(SimCSE, tiny_bert, **options)
 
 
 def test_truncate_is_the_normalized_prefix() -> None:
@@ -203,7 +204,7 @@ def test_dims_beyond_the_embedding_are_one_line(matryoshka_run, sts_fixture, cap
 def test_lora_adapters_train_on_the_matryoshka_loss(tiny_bert: str) -> None:
     """The truncations' loss reaches the adapters (the backbone frozen) like the plain one."""
     torch.manual_seed(0)
-    method = SimCSE(tiny_bert, lora={"r": 2, "alpha": 4, "dropout": 0.0}, matryoshka_dims=[32, 8], mlp="none")
+    method = build_method(SimCSE, tiny_bert, lora={"r": 2, "alpha": 4, "dropout": 0.0}, matryoshka_dims=[32, 8], mlp="none")
     ids = method.encoder.format.sentence_ids(SENTENCES + ["the sun shines"])
     loss, logs = method.step_loss(method.collate([{"sent0": row} for row in ids]))
     loss.backward()

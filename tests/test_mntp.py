@@ -14,6 +14,7 @@ from torch import nn
 from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.encoders.packed import set_attention
 from lightning_sentemb.methods import MNTP
+from lightning_sentemb.methods.building import build_method
 
 SENTENCES = ["a man is playing a guitar on the stage tonight .", "the cat sat on the mat .",
              "this sentence means something rather long , really .", "two dogs run across the field today ."]
@@ -60,7 +61,7 @@ def grads(method: nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("padding_free", [True, False])
 def test_mntp_equals_hand_written_llm2vec_loss(tiny_qwen2: str, padding_free: bool) -> None:
     torch.manual_seed(0)
-    method = quiet(MNTP(tiny_qwen2, lora=LORA, padding_free=padding_free))
+    method = quiet(build_method(MNTP, tiny_qwen2, lora=LORA, padding_free=padding_free))
     assert method.encoder.bidirectional and method.encoder.padding_free == padding_free
     for name, parameter in method.named_parameters():  # LoRA B starts at zero: give the adapters a say
         if "lora_B" in name:
@@ -81,7 +82,7 @@ def test_mntp_equals_hand_written_llm2vec_loss(tiny_qwen2: str, padding_free: bo
 def test_mntp_corruption(tiny_qwen2: str) -> None:
     """Labels only at sentence tokens (never BOS/EOS/padding), the rest -100; of the chosen, about 80% the
     mask token; `mask_replace: all` masks every one."""
-    method = MNTP(tiny_qwen2, mask_probability=0.5)
+    method = build_method(MNTP, tiny_qwen2, mask_probability=0.5)
     ids = method.encoder.format.sentence_ids(SENTENCES * 10)
     method.collate_generator.manual_seed(0)
     batch = method.collate([{"sent0": row} for row in ids])
@@ -101,7 +102,7 @@ def test_mntp_corruption(tiny_qwen2: str) -> None:
 
 def test_mntp_blank_mask_token_without_a_mask_token(tiny_opt: str) -> None:
     """A tokenizer without a mask token (byte-level BPE) gets "_", the reference's blank."""
-    method = MNTP(tiny_opt, mask_replace="all", mask_probability=0.5)
+    method = build_method(MNTP, tiny_opt, mask_replace="all", mask_probability=0.5)
     assert method.tokenizer.mask_token_id is None
     ids = method.encoder.format.sentence_ids(["the quick brown fox jumps over the lazy dog"] * 4)
     batch = method.collate([{"sent0": row} for row in ids])
@@ -112,4 +113,4 @@ def test_mntp_blank_mask_token_without_a_mask_token(tiny_opt: str) -> None:
 
 def test_mntp_refused_on_encoders(tiny_bert: str) -> None:
     with pytest.raises(UnsupportedBackbone, match="encoder"):
-        MNTP(tiny_bert)
+        build_method(MNTP, tiny_bert)

@@ -14,20 +14,21 @@ from torch.nn import functional as F
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.encoders.packed import TokenLayout, aligned_attention, math_attention
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods.building import build_method
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table ."]
 
 METHODS = {
-    "simcse_avg": lambda b: SimCSE(b, pooler="avg", mlp="train"),
-    "simcse_cls_first_last": lambda b: SimCSE(b, pooler="avg_first_last", mlp="train"),
-    "simcse_top2_mlm": lambda b: SimCSE(b, pooler="avg_top2", mlp="none", mlm_weight=0.1),
-    "simcse_sup": lambda b: SimCSE(b, pooler="cls", mlp="always", hard_negative_weight=0.5),
-    "promptbert": lambda b: PromptBERT(b),
-    "conpvp": lambda b: ConPVP(b),
-    "dcpcse_shifted": lambda b: DCPCSE(b, pooler="avg", prefix_len=3),
-    "dcpcse_zero_first_last": lambda b: DCPCSE(b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
-    "clusterns": lambda b: ClusterNS(b, pooler="cls", num_clusters=2, sigma=1.0),
+    "simcse_avg": lambda b: build_method(SimCSE, b, pooler="avg", mlp="train"),
+    "simcse_cls_first_last": lambda b: build_method(SimCSE, b, pooler="avg_first_last", mlp="train"),
+    "simcse_top2_mlm": lambda b: build_method(SimCSE, b, pooler="avg_top2", mlp="none", mlm_weight=0.1),
+    "simcse_sup": lambda b: build_method(SimCSE, b, pooler="cls", mlp="always", hard_negative_weight=0.5),
+    "promptbert": lambda b: build_method(PromptBERT, b),
+    "conpvp": lambda b: build_method(ConPVP, b),
+    "dcpcse_shifted": lambda b: build_method(DCPCSE, b, pooler="avg", prefix_len=3),
+    "dcpcse_zero_first_last": lambda b: build_method(DCPCSE, b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
+    "clusterns": lambda b: build_method(ClusterNS, b, pooler="cls", num_clusters=2, sigma=1.0),
 }
 
 
@@ -100,7 +101,7 @@ def test_nested_kernel_equals_padded_path(name: str, tiny_bert: str, monkeypatch
 
 def test_dropout_stays_active_on_the_fast_path(tiny_bert: str) -> None:
     """SimCSE's augmentation: two training forwards of the same batch differ, evaluation ones do not."""
-    method = SimCSE(tiny_bert, pooler="avg", mlp="none").train()
+    method = build_method(SimCSE, tiny_bert, pooler="avg", mlp="none").train()
     features = method.encoder.format.build(method.encoder.format.sentence_ids(SENTENCES), None)
     assert not torch.allclose(method.embed(features), method.embed(features))
     method.eval()
@@ -211,12 +212,12 @@ def test_unsupported_backbone_falls_back_with_a_reason(tmp_path, caplog) -> None
     path = save_tiny(tmp_path / "mpnet", MPNetConfig(vocab_size=ids["vocab_size"], pad_token_id=1, hidden_size=32,
                                                      num_hidden_layers=2, num_attention_heads=4, intermediate_size=64))
     with caplog.at_level(logging.WARNING):
-        method = SimCSE(path, pooler="avg")
+        method = build_method(SimCSE, path, pooler="avg")
     assert not method.encoder.padding_free and "attention interface" in caplog.text
 
 
 def test_attn_implementation_selects_transformers_padded_forward(tiny_bert: str) -> None:
-    method = SimCSE(tiny_bert, attn_implementation="eager")
+    method = build_method(SimCSE, tiny_bert, attn_implementation="eager")
     assert not method.encoder.padding_free
     assert method.encoder.backbone.config._attn_implementation == "eager"
 
@@ -230,14 +231,33 @@ def test_a_model_that_bypasses_the_attention_interface_fails_loudly(tiny_bert: s
         def get_interface(self, *args):
             return sdpa_attention_forward
 
-    method = SimCSE(tiny_bert)
+    method = build_method(SimCSE, tiny_bert)
     monkeypatch.setattr(modeling_bert, "ALL_ATTENTION_FUNCTIONS", OwnAttention())
     with pytest.raises(RuntimeError, match="without the attention interface"):
         method.encode(SENTENCES[:2])
 
 
-def test_switch_reaches_the_encoder(tiny_bert: str) -> None:
-    assert not SimCSE(tiny_bert, padding_free=False).encoder.padding_free
+def test_one_switch_chooses_the_attention_path(tiny_bert: str) -> None:
+    """`attn_implementation` null = padding-free, a kernel = the padded forward with it; the deprecated
+    `padding_free: false` says so once and becomes sdpa (what checkpoints then keep)."""
+    import warnings
+
+    from lightning_sentemb.methods import building
+
+    assert build_method(SimCSE, tiny_bert).encoder.padding_free
+    padded = build_method(SimCSE, tiny_bert, attn_implementation="eager")
+    assert not padded.encoder.padding_free and padded.encoder.backbone.config._attn_implementation == "eager"
+    building._warn_padding_free.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = build_method(SimCSE, tiny_bert, padding_free=False)
+        build_method(SimCSE, tiny_bert, padding_free=True)
+    said = [w for w in caught if w.category is FutureWarning and "padding_free is deprecated: use attn" in str(w.message)]
+    assert len(said) == 1
+    assert not old.encoder.padding_free and old.hparams.attn_implementation == "sdpa" and old.hparams.padding_free is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_method(SimCSE, tiny_bert, attn_implementation="sdpa")  # the new switch alone: no warning
 
 
 @pytest.mark.slow

@@ -11,8 +11,9 @@ from transformers import AutoConfig
 
 from lightning_sentemb.backbones import family_of
 from lightning_sentemb.encoders.template import TemplateEncoder, TemplateFormat
-from lightning_sentemb.export import export
 from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.export import export
+from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.promptbert import BERT_TEMPLATES, ROBERTA_TEMPLATES, PromptBERT, default_templates
 
 # Sentences that start with "a" and end without punctuation: with byte-level BPE, text glued to a
@@ -24,13 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def bert_method(tiny_bert: str) -> PromptBERT:
     torch.manual_seed(0)
-    return PromptBERT(tiny_bert)
+    return build_method(PromptBERT, tiny_bert)
 
 
 @pytest.fixture(scope="module")
 def roberta_method(tiny_roberta: str) -> PromptBERT:
     torch.manual_seed(0)
-    return PromptBERT(tiny_roberta)
+    return build_method(PromptBERT, tiny_roberta)
 
 
 @pytest.mark.parametrize("fixture, templates", [("tiny_bert", BERT_TEMPLATES), ("tiny_roberta", ROBERTA_TEMPLATES)])
@@ -178,7 +179,7 @@ def test_denoising_subtracts_the_empty_template_state(name: str, request) -> Non
 
 
 def test_denoising_switch_follows_the_stage(tiny_bert: str) -> None:
-    method = PromptBERT(tiny_bert, denoise_train=False, denoise_val=True, denoise_test=False)
+    method = build_method(PromptBERT, tiny_bert, denoise_train=False, denoise_val=True, denoise_test=False)
     batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(SENTENCES)])
     assert "bias_index" not in batch["features"]
     assert "bias_index" not in method.sentence_features(SENTENCES)  # no trainer: the test switch
@@ -217,13 +218,13 @@ def test_supervised_triplets_use_the_first_template(bert_method: PromptBERT) -> 
 
 def test_pooler_and_mlm_are_fixed(tiny_bert: str) -> None:
     with pytest.raises(SentEmbUserError, match="mask"):
-        PromptBERT(tiny_bert, pooler="cls")
+        build_method(PromptBERT, tiny_bert, pooler="cls")
     with pytest.raises(SentEmbUserError, match="MLM"):
-        PromptBERT(tiny_bert, mlm_weight=0.1)
+        build_method(PromptBERT, tiny_bert, mlm_weight=0.1)
     with pytest.raises(SentEmbUserError, match="exactly once"):
         TemplateEncoder(tiny_bert, ["no sentence here [MASK] ."])
     with pytest.raises(SentEmbUserError, match="mask token exactly once"):
-        TemplateFormat(PromptBERT(tiny_bert).tokenizer, ["[X] means nothing ."])
+        TemplateFormat(build_method(PromptBERT, tiny_bert).tokenizer, ["[X] means nothing ."])
 
 
 def sentence_transformer(folder: Path):
@@ -239,7 +240,7 @@ def test_export_reproduces_encode(fixture: str, denoise_test: bool, mlp: str, tm
     from transformers import AutoModel
 
     torch.manual_seed(0)
-    method = PromptBERT(request.getfixturevalue(fixture), denoise_test=denoise_test, mlp=mlp)
+    method = build_method(PromptBERT, request.getfixturevalue(fixture), denoise_test=denoise_test, mlp=mlp)
     sentences = SENTENCES + ["a much longer sentence about a man who plays the guitar on the street ."]
     expected = method.encode(sentences)
     folder = export(method, tmp_path / "export")

@@ -18,6 +18,7 @@ from lightning.pytorch import Callback, LightningModule
 from lightning_sentemb.callbacks.checkpointing import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import lightning_main
+from lightning_sentemb.methods.building import build_method
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_STEPS, KILL_AT = 7, 3  # 20 sentences / batch 4 = 5 batches an epoch: the resume crosses an epoch
@@ -364,7 +365,7 @@ def test_collate_draws_differ_across_workers_and_repeat_after_a_resume(tiny_bert
     from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
     from lightning_sentemb.methods import SimCSE
 
-    method = SimCSE(tiny_bert, mlm_weight=0.1)
+    method = build_method(SimCSE, tiny_bert, mlm_weight=0.1)
     ids = method.tokenizer("a sentence long enough to get some of its many tokens masked", add_special_tokens=False)
     dataset = [{"sent0": ids["input_ids"]}] * 24
 

@@ -17,6 +17,7 @@ import torch
 
 from lightning_sentemb.atomic_io import atomic_write_json
 from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.methods.building import build_method
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football"]
@@ -205,7 +206,7 @@ def test_export_and_report_respect_the_umask_like_cp(tiny_bert, tmp_path):
 
     previous = os.umask(0o002)
     try:
-        folder = export(SimCSE(tiny_bert, pooler="avg", mlp="none"), tmp_path / "export")
+        folder = export(build_method(SimCSE, tiny_bert, pooler="avg", mlp="none"), tmp_path / "export")
         written = write_report({"m": {"sts": {"STS12": 1.0, "avg": 1.0}}}, tmp_path / "report")
     finally:
         os.umask(previous)

@@ -1,6 +1,7 @@
 """Sentence-embedding methods; each is one file on the shared `SentEmbMethod` base."""
 
 from .base import SentEmbMethod
+from .building import build_method
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .dcpcse import DCPCSE
@@ -9,5 +10,6 @@ from .promptbert import PromptBERT
 from .simcse import SimCSE
 
 __all__ = [
-    "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod", "SimCSE",
+    "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod",
+    "SimCSE", "build_method",
 ]

@@ -26,17 +26,17 @@ from ..encoders.pretrained import load_config
 from . import checkpoint_state, encoding, steps, validation
 from .building import (
     AttnImplementation,
-    backbone_weights_in_configure_model,
     build_encoder_for,
+    build_method,
     check_options,
     configure_backbone,
+    resolve_attention,
 )
 from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
 from .encoding import autocast_for
 
-__all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "backbone_weights_in_configure_model",
-           "unpacked_numel"]
+__all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "build_method", "unpacked_numel"]
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
@@ -75,12 +75,11 @@ class SentEmbMethod(LightningModule):
         grad_cache_chunk: rows per chunk for gradient caching (0 = off): the global batch's exact loss
             and gradient with the activation memory of this many rows, so a paper's batch fits a small
             GPU (`grad_cache`; `accumulate_grad_batches` is refused, `gradient_clip_val` applies).
-        padding_free: run the encoder without computing on padding (`encoders.packed`: the backbone's
-            own forward on the real tokens, same results); false = the backbone's own padded forward
-            (as `attn_implementation: sdpa`). Unsupported backbones fall back with a logged reason.
-        attn_implementation: null = padding-free wherever the backbone supports it (`padding_free`);
-            sdpa | eager | flash_attention_2 | flex_attention = transformers' own padded forward with
-            that attention kernel (the baseline of the GPU benchmark; DCPCSE: null or sdpa).
+        attn_implementation: the attention path. null = padding-free (`encoders.packed`: the backbone's
+            own forward on the real tokens only, same results; unsupported backbones fall back to the
+            padded one with a logged reason); sdpa | eager | flash_attention_2 | flex_attention =
+            transformers' own padded forward with that kernel (DCPCSE: null or sdpa).
+        padding_free: deprecated alias (said once): false = `attn_implementation: sdpa`.
         compile_layers: `torch.compile` each backbone layer (dynamic shapes: no recompile per batch
             length), packed or padded. Off by default: compiling costs minutes and pays only on long runs.
         lora: LoRA adapters through peft, `{r, alpha, dropout, target_modules}` (`encoders.lora.LoraSettings`;
@@ -119,7 +118,7 @@ class SentEmbMethod(LightningModule):
         eval_precision: Literal["auto", "bf16", "32"] = "auto",
         sts_aggregation: Literal["all", "wmean", "mean"] = "all",
         grad_cache_chunk: int = 0,
-        padding_free: bool = True,
+        padding_free: bool | None = None,
         attn_implementation: AttnImplementation | None = None,
         compile_layers: bool = False,
         lora: LoraSettings | None = None,
@@ -135,16 +134,15 @@ class SentEmbMethod(LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        resolve_attention(self)
         self._run_seed: int | None = None
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
         self.encoder = build_encoder_for(self)
         self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
         check_options(self)
-        self.backbone_adapted = False
-        if not self.encoder.weights_deferred:
-            self.configure_model()  # LoRA and the rest now, on the weights just loaded
-        self.encoder.configure_speed(padding_free, compile_layers)
+        self.backbone_adapted = False  # its weights load in `configure_model` (`building`)
+        self.encoder.configure_speed(self.hparams.attn_implementation is None, compile_layers)
         self.backbone_identity = backbone_identity(backbone)
         hidden = self.encoder.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp != "none" else None
@@ -152,8 +150,7 @@ class SentEmbMethod(LightningModule):
         self.sts_metrics = validation.sts_metrics(sts_aggregation)
         self._collator: Collator | None = None
 
-    def configure_model(self) -> None:
-        configure_backbone(self)
+    configure_model = configure_backbone
 
     def cpu(self) -> SentEmbMethod:
         """Lightning's teardown before `configure_model` (a skeleton backbone): nothing has left the CPU."""

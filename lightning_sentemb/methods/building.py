@@ -1,13 +1,16 @@
-"""How a method's backbone becomes ready to train: its weights read straight onto the rank's device
-(`configure_model`, deferred under the CLI), then LoRA adapters, fp32 for what trains, and gradient
-checkpointing, once. `SentEmbMethod.configure_model` runs `configure_backbone`."""
+"""How a method is built, the one way for the CLI, tests, `load_method` and exports alike: `__init__`
+builds everything but the backbone's weights (a skeleton on the meta device: tokenizer, config, input
+format, heads), and `configure_model` reads them straight onto the rank's device in the dtype it trains
+in, then adds LoRA adapters, fp32 for what trains, and gradient checkpointing, once. Lightning calls
+`configure_model` itself (`fit`, `validate`, `test`, `load_from_checkpoint`); everywhere else
+`build_method` does. `attn_implementation` is the one switch of the attention path (`padding_free`
+is its deprecated alias)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Literal
+import functools
+import warnings
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 from lightning.pytorch.strategies import FSDPStrategy
@@ -23,31 +26,38 @@ if TYPE_CHECKING:
 
 AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "flex_attention"]
 
-_WEIGHTS_IN_CONFIGURE_MODEL: ContextVar[bool] = ContextVar("weights_in_configure_model", default=False)
+Method = TypeVar("Method", bound="SentEmbMethod")
 
 
-@contextmanager
-def backbone_weights_in_configure_model() -> Iterator[None]:
-    """Methods built inside leave their backbone's weights to `configure_model`, which the trainer calls
-    once it knows the rank's device: each rank then reads them once, onto its own device, in the dtype it
-    trains in, instead of all of them in fp32 on the host in `__init__`. Until then the backbone is a
-    skeleton on the meta device (tokenizer, config and everything else are built as usual). Outside
-    (tests, `sentemb evaluate`, `load_from_checkpoint`, exports) `__init__` loads them on the CPU."""
-    token = _WEIGHTS_IN_CONFIGURE_MODEL.set(True)
-    try:
-        yield
-    finally:
-        _WEIGHTS_IN_CONFIGURE_MODEL.reset(token)
+def build_method(cls: type[Method], *args: Any, **kwargs: Any) -> Method:
+    """`cls(*args, **kwargs)` with its backbone's weights loaded (`configure_model`, on the CPU outside a
+    trainer): a method ready to `encode`, train or export."""
+    method = cls(*args, **kwargs)
+    method.configure_model()
+    return method
 
 
-def weights_deferred() -> bool:
-    """Whether methods built now leave their weights to `configure_model`."""
-    return _WEIGHTS_IN_CONFIGURE_MODEL.get()
+@functools.cache
+def _warn_padding_free() -> None:
+    warnings.warn("model.init_args.padding_free is deprecated: use attn_implementation (null = padding-free, "
+                  "sdpa = the padded forward that padding_free: false chose)", FutureWarning, stacklevel=4)
+
+
+def resolve_attention(method: SentEmbMethod) -> None:
+    """The deprecated `padding_free` (said once per process) as `attn_implementation`: false = sdpa's
+    padded forward; the hyper-parameters (and so checkpoints) keep `attn_implementation` only."""
+    hp = method.hparams
+    if hp.padding_free is None:
+        return
+    _warn_padding_free()
+    if not hp.padding_free and hp.attn_implementation is None:
+        hp.attn_implementation = "sdpa"
+    hp.padding_free = None
 
 
 def build_encoder_for(method: SentEmbMethod) -> Encoder:
-    """The method's `build_encoder()` with its backbone read as the hyper-parameters say (dtype, 4-bit,
-    dropout, attention kernel, `bidirectional`), or a skeleton when its weights wait for `configure_model`."""
+    """The method's `build_encoder()` with a skeleton backbone that `configure_model` fills as the
+    hyper-parameters say (dtype, 4-bit, dropout, attention kernel), `bidirectional` applied."""
     hp = method.hparams
     options = with_dropout(from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit), method.family, hp.dropout)
     if hp.attn_implementation is not None:
@@ -56,7 +66,7 @@ def build_encoder_for(method: SentEmbMethod) -> Encoder:
                                    f"{', '.join(AttnImplementation.__args__)}, got {hp.attn_implementation!r}")
         options["attn_implementation"] = hp.attn_implementation
     try:
-        with backbone_loading(defer_weights=weights_deferred(), **options):
+        with backbone_loading(defer_weights=True, **options):
             encoder = method.build_encoder()
             if hp.bidirectional:
                 encoder.set_bidirectional()
@@ -95,17 +105,16 @@ def weights_device(method: SentEmbMethod) -> torch.device | None:
 
 def configure_backbone(method: SentEmbMethod) -> None:
     """Lightning's `configure_model` (also FSDP's) before the strategy wraps the module; it runs at every
-    stage. A deferred backbone loads now, straight from the checkpoint files onto this rank's device
-    (`weights_device`) in `backbone_dtype`; then, once, LoRA adapters, fp32 for what trains, and
-    gradient checkpointing."""
+    stage, and `build_method` runs it outside a trainer. The first time, the backbone loads straight from
+    the checkpoint files onto this rank's device (`weights_device`) in `backbone_dtype`; then LoRA
+    adapters, fp32 for what trains, and gradient checkpointing."""
     if method.backbone_adapted:
         return
     hp, encoder = method.hparams, method.encoder
-    if encoder.weights_deferred:
-        options = from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit, weights_device(method))
-        if hp.attn_implementation is not None:
-            options["attn_implementation"] = hp.attn_implementation
-        encoder.load_backbone(**with_dropout(options, method.family, hp.dropout))
+    options = from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit, weights_device(method))
+    if hp.attn_implementation is not None:
+        options["attn_implementation"] = hp.attn_implementation
+    encoder.load_backbone(**with_dropout(options, method.family, hp.dropout))
     backbone = encoder.backbone
     if hp.lora is not None:
         # the adapters' initial values from the run's seed alone: Lightning reseeds before this hook under
