@@ -287,7 +287,7 @@ def equivalence(ctx: Context) -> dict:
     ctx.need_models()
     bert, decoder = ctx.bert, ctx.decoder
     lora = ctx.lora(dropout=0.0)
-    packed = "padding-free vs padded", {"attn_implementation": None}, {"attn_implementation": "sdpa"}
+    packed = "padding-free vs padded", {"attn_implementation": None}, {"attn_implementation": "padded"}
     cached = f"grad cache (chunk {ctx.sizes.chunk}) vs full batch", {"grad_cache_chunk": ctx.sizes.chunk}, {}
     cases: list[tuple[str, Callable[..., Any], tuple[str, dict, dict]]] = [
         ("SimCSE, bert-base", lambda **kw: build_method(SimCSE, bert, dropout=0.0, **kw), packed),
@@ -390,7 +390,7 @@ def throughput_simcse(ctx: Context) -> dict:
         forward = "padding-free" if padding_free else "padded"
         attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
                 lambda: time_method(ctx, lambda: build_method(SimCSE, ctx.bert, mlp="train",
-                                                          attn_implementation=None if padding_free else "sdpa"), case,
+                                                          attn_implementation=None if padding_free else "padded"), case,
                                     "lightning_sentemb", forward, n))
         ctx.free()
 
@@ -459,7 +459,7 @@ def throughput_prompteol(ctx: Context) -> dict:
     for padding_free in (True, False):
         forward = "padding-free" if padding_free else "padded"
         attempt(rows, {"case": case, "implementation": "lightning_sentemb", "forward": forward},
-                lambda: time_method(ctx, lambda: prompteol(ctx, attn_implementation=None if padding_free else "sdpa"), case, "lightning_sentemb",
+                lambda: time_method(ctx, lambda: prompteol(ctx, attn_implementation=None if padding_free else "padded"), case, "lightning_sentemb",
                                     forward, n))
         ctx.free()
     return outcome(rows)

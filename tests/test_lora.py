@@ -221,7 +221,7 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name, padding_
     methods = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        method = make(backbone, lora=LORA if lora else None, attn_implementation=None if padding_free else "sdpa",
+        method = make(backbone, lora=LORA if lora else None, attn_implementation=None if padding_free else "padded",
                       gradient_checkpointing=checkpointing)
         methods.append(randomize_adapters(method) if lora else method)
     batch = methods[0].collate(examples(methods[0]))

@@ -239,7 +239,7 @@ def test_a_model_that_bypasses_the_attention_interface_fails_loudly(tiny_bert: s
 
 def test_one_switch_chooses_the_attention_path(tiny_bert: str) -> None:
     """`attn_implementation` null = padding-free, a kernel = the padded forward with it; the deprecated
-    `padding_free: false` says so once and becomes sdpa (what checkpoints then keep)."""
+    `padding_free: false` says so once and becomes "padded" (what checkpoints then keep)."""
     import warnings
 
     from lightning_sentemb.methods import building
@@ -254,7 +254,7 @@ def test_one_switch_chooses_the_attention_path(tiny_bert: str) -> None:
         build_method(SimCSE, tiny_bert, padding_free=True)
     said = [w for w in caught if w.category is FutureWarning and "padding_free is deprecated: use attn" in str(w.message)]
     assert len(said) == 1
-    assert not old.encoder.padding_free and old.hparams.attn_implementation == "sdpa" and old.hparams.padding_free is None
+    assert not old.encoder.padding_free and old.hparams.attn_implementation == "padded" and old.hparams.padding_free is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_method(SimCSE, tiny_bert, attn_implementation="sdpa")  # the new switch alone: no warning

@@ -21,7 +21,7 @@ What Lightning and transformers still read, measured here (counted apart, never 
   each logged value once (`log_metrics`).
 - transformers' padded forward prepares its attention mask with reads (`masking_utils`:
   `_ignore_bidirectional_mask_sdpa` asks `bool(mask.all())`) in every forward: the padded path
-  (`attn_implementation: sdpa`, and the MLM head) waits on the host once per forward.
+  (`attn_implementation: padded`, and the MLM head) waits on the host once per forward.
 
 Collectives are counted in 2 CPU processes (gloo): per step only DDP's gradient all-reduce and the
 all-gather of the embeddings (`distributed.gather_with_grad`, with its backward) remain of ours,
@@ -57,7 +57,7 @@ KMEANS = "lightning_sentemb/callbacks/kmeans.py"  # reads the σ decision until 
 
 def fit_args(method: str, backbone: str, data: Path, root: Path, padding_free: bool, grad_cache: bool) -> list[str]:
     return [
-        *METHODS[method], "--model.backbone", backbone, "--model.attn_implementation", "null" if padding_free else "sdpa",
+        *METHODS[method], "--model.backbone", backbone, "--model.attn_implementation", "null" if padding_free else "padded",
         "--model.grad_cache_chunk", "4" if grad_cache else "0", "--seed_everything", "1",
         "--data.data_dir", str(data), "--data.batch_size", "4", "--data.cache_dir", str(root / "cache"),
         "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.default_root_dir", str(root / "run"),

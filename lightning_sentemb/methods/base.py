@@ -77,9 +77,10 @@ class SentEmbMethod(LightningModule):
             GPU (`grad_cache`; `accumulate_grad_batches` is refused, `gradient_clip_val` applies).
         attn_implementation: the attention path. null = padding-free (`encoders.packed`: the backbone's
             own forward on the real tokens only, same results; unsupported backbones fall back to the
-            padded one with a logged reason); sdpa | eager | flash_attention_2 | flex_attention =
-            transformers' own padded forward with that kernel (DCPCSE: null or sdpa).
-        padding_free: deprecated alias (said once): false = `attn_implementation: sdpa`.
+            padded one with a logged reason); padded = transformers' padded forward with the kernel it
+            picks; sdpa | eager | flash_attention_2 | flex_attention = with that kernel (DCPCSE: no
+            other kernel than sdpa).
+        padding_free: deprecated alias (said once): false = `attn_implementation: padded`.
         compile_layers: `torch.compile` each backbone layer (dynamic shapes: no recompile per batch
             length), packed or padded. Off by default: compiling costs minutes and pays only on long runs.
         lora: LoRA adapters through peft, `{r, alpha, dropout, target_modules}` (`encoders.lora.LoraSettings`;

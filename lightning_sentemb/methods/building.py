@@ -24,7 +24,8 @@ from ..errors import SentEmbUserError
 if TYPE_CHECKING:
     from .base import SentEmbMethod
 
-AttnImplementation = Literal["sdpa", "eager", "flash_attention_2", "flex_attention"]
+# null = padding-free; "padded" = transformers' padded forward with the kernel it picks; a kernel name = with it
+AttnImplementation = Literal["padded", "sdpa", "eager", "flash_attention_2", "flex_attention"]
 
 Method = TypeVar("Method", bound="SentEmbMethod")
 
@@ -40,19 +41,25 @@ def build_method(cls: type[Method], *args: Any, **kwargs: Any) -> Method:
 @functools.cache
 def _warn_padding_free() -> None:
     warnings.warn("model.init_args.padding_free is deprecated: use attn_implementation (null = padding-free, "
-                  "sdpa = the padded forward that padding_free: false chose)", FutureWarning, stacklevel=4)
+                  "padded = the padded forward that padding_free: false chose)", FutureWarning, stacklevel=4)
 
 
 def resolve_attention(method: SentEmbMethod) -> None:
-    """The deprecated `padding_free` (said once per process) as `attn_implementation`: false = sdpa's
-    padded forward; the hyper-parameters (and so checkpoints) keep `attn_implementation` only."""
+    """The deprecated `padding_free` (said once per process) as `attn_implementation`: false = "padded";
+    the hyper-parameters (and so checkpoints) keep `attn_implementation` only."""
     hp = method.hparams
     if hp.padding_free is None:
         return
     _warn_padding_free()
     if not hp.padding_free and hp.attn_implementation is None:
-        hp.attn_implementation = "sdpa"
+        hp.attn_implementation = "padded"
     hp.padding_free = None
+
+
+def kernel_option(method: SentEmbMethod) -> dict[str, str]:
+    """The `from_pretrained` option of the kernel `attn_implementation` names (none for null and "padded")."""
+    kernel = method.hparams.attn_implementation
+    return {} if kernel in (None, "padded") else {"attn_implementation": kernel}
 
 
 def build_encoder_for(method: SentEmbMethod) -> Encoder:
@@ -60,11 +67,10 @@ def build_encoder_for(method: SentEmbMethod) -> Encoder:
     hyper-parameters say (dtype, 4-bit, dropout, attention kernel), `bidirectional` applied."""
     hp = method.hparams
     options = with_dropout(from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit), method.family, hp.dropout)
-    if hp.attn_implementation is not None:
-        if hp.attn_implementation not in AttnImplementation.__args__:
-            raise SentEmbUserError(f"model.init_args.attn_implementation must be null or one of "
-                                   f"{', '.join(AttnImplementation.__args__)}, got {hp.attn_implementation!r}")
-        options["attn_implementation"] = hp.attn_implementation
+    if hp.attn_implementation is not None and hp.attn_implementation not in AttnImplementation.__args__:
+        raise SentEmbUserError(f"model.init_args.attn_implementation must be null or one of "
+                               f"{', '.join(AttnImplementation.__args__)}, got {hp.attn_implementation!r}")
+    options.update(kernel_option(method))
     try:
         with backbone_loading(defer_weights=True, **options):
             encoder = method.build_encoder()
@@ -112,8 +118,7 @@ def configure_backbone(method: SentEmbMethod) -> None:
         return
     hp, encoder = method.hparams, method.encoder
     options = from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit, weights_device(method))
-    if hp.attn_implementation is not None:
-        options["attn_implementation"] = hp.attn_implementation
+    options.update(kernel_option(method))
     encoder.load_backbone(**with_dropout(options, method.family, hp.dropout))
     backbone = encoder.backbone
     if hp.lora is not None:

@@ -74,7 +74,7 @@ class PrefixTunedEncoder(Encoder):
             raise UnsupportedBackbone(refusal)
         if self.attn_implementation not in (None, "sdpa"):
             raise SentEmbUserError("model.init_args.attn_implementation: DCPCSE's prefix joins the padded forward's "
-                                   f"attention through SDPA, not {self.attn_implementation}; use null or sdpa")
+                                   f"attention through SDPA, not {self.attn_implementation}; use null, padded or sdpa")
         self.padded_attention = PADDED  # SDPA with the prefix
         self.prefixed = PrefixedBackbone(
             self.backbone, prefix_len, projection, projection_hidden_size, dropout, position_offset
