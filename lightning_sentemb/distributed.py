@@ -1,17 +1,14 @@
 """All-gather that keeps gradients, so in-batch negatives are the global batch under DDP; the
-all-gather of evaluation embeddings; rank 0's state on every rank; when the host may read the device;
-FSDP by transformer layer."""
+all-gather of evaluation embeddings; rank 0's state on every rank; when the host may read the device."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
-from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 from torch import Tensor
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 
 def world() -> tuple[int, int]:
@@ -68,38 +65,3 @@ def at_decision_step(trainer: Any) -> bool:
     """Whether this training step is one where the host reads the device (and the ranks agree):
     every `log_every_n_steps` steps, every step when it is 0."""
     return trainer.log_every_n_steps <= 0 or trainer.global_step % trainer.log_every_n_steps == 0
-
-
-class LayerFSDPStrategy(FSDPStrategy):
-    """Lightning's `FSDPStrategy` with one FSDP unit per transformer layer of any backbone: every
-    transformers layer (BertLayer, LlamaDecoderLayer, Qwen2DecoderLayer, ModernBertEncoderLayer, ...) is a
-    `GradientCheckpointingLayer`, so one class names them all (a config file cannot give Lightning's
-    `auto_wrap_policy` a set of classes). The embeddings, the final norm and the method's own heads stay
-    in the root unit. The ranks start from rank 0's weights (`sync_module_states`). Registered as
-    `trainer.strategy: fsdp_layers` (defaults below).
-
-    Args:
-        checkpoint_layers: recompute each layer's activations in backward (FSDP's activation
-            checkpointing; leave `model.init_args.gradient_checkpointing` off with it).
-        sharding_strategy, state_dict_type, cpu_offload: Lightning's (`full`: checkpoints gathered into one
-            file on rank 0, read like any other).
-    """
-
-    def __init__(
-        self,
-        checkpoint_layers: bool = True,
-        sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = "FULL_SHARD",
-        state_dict_type: Literal["full", "sharded"] = "full",
-        cpu_offload: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        layers = {GradientCheckpointingLayer}
-        # every rank loads the weights itself; rank 0's go to all (a head the checkpoint lacks starts random)
-        kwargs.setdefault("sync_module_states", True)
-        super().__init__(auto_wrap_policy=layers, activation_checkpointing_policy=layers if checkpoint_layers else None,
-                         sharding_strategy=sharding_strategy, state_dict_type=state_dict_type, cpu_offload=cpu_offload,
-                         **kwargs)
-
-
-StrategyRegistry.register("fsdp_layers", LayerFSDPStrategy, "FSDP, one unit per transformer layer (lightning_sentemb)",
-                          override=True)

@@ -16,7 +16,7 @@ import math
 import os
 import random
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from pathlib import Path
@@ -25,7 +25,6 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
@@ -44,6 +43,7 @@ from ..encoders.pretrained import load_config, resolve_model_path
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import evaluate_suite, headline_scores
 from ..errors import SentEmbUserError
+from ..fsdp import is_sharded
 from ..export import write_plain_export
 from ..grad_cache import RngState, chunk_spans, rows_of
 from ..losses.mlm import mlm_loss
@@ -256,7 +256,7 @@ class SentEmbMethod(LightningModule):
         local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
         GPU) outside a trainer, and under FSDP, which shards the module from host memory as it wraps it."""
         trainer = self._trainer
-        if trainer is None or isinstance(trainer.strategy, FSDPStrategy):
+        if trainer is None or is_sharded(trainer.strategy):
             return None
         return trainer.strategy.root_device
 
@@ -500,7 +500,7 @@ class SentEmbMethod(LightningModule):
                 f"which run together under mixed precision: set trainer.precision {'bf16' if dtype == 'bf16' else '16'}"
                 f"-mixed (got {trainer.precision})"
             )
-        if fitting and isinstance(trainer.strategy, FSDPStrategy):
+        if fitting and is_sharded(trainer.strategy):
             for option in ("grad_cache_chunk", "load_in_4bit"):
                 if self.hparams[option]:
                     raise SentEmbUserError(
@@ -600,7 +600,11 @@ class SentEmbMethod(LightningModule):
         rank, world_size = world()
         if world_size == 1:
             return self.encode(sentences, batch_size, show_progress, label)
-        share = self.encode(sentences[rank::world_size], batch_size, show_progress if rank == 0 else False, label)
+        # equal shares (the short ones end with a repeat, dropped by the gather): every rank runs as many
+        # forwards, each a collective under FSDP
+        share = sentences[rank::world_size]
+        share += sentences[: -(-len(sentences) // world_size) - len(share)]
+        share = self.encode(share, batch_size, show_progress if rank == 0 else False, label)
         return gather_strided_rows(share.to(self.device), len(sentences)).cpu()
 
     def eval_autocast(self) -> torch.autocast:
@@ -712,14 +716,21 @@ class SentEmbMethod(LightningModule):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
         """A frozen backbone's checkpoint holds exactly `trainable_state_keys`: those are loaded (strictly:
         a missing or unknown name is an error) and the frozen weights stay as loaded from `backbone`."""
-        if not (self.backbone_frozen and strict):
+        if not strict:
             return super().load_state_dict(state_dict, strict=strict, assign=assign)
-        missing = sorted(self.trainable_state_keys() - state_dict.keys())
-        unexpected = sorted(state_dict.keys() - self.state_dict().keys())
+        return super().load_state_dict(state_dict, strict=self.check_state_keys(state_dict.keys()), assign=assign)
+
+    def check_state_keys(self, names: Collection[str]) -> bool:
+        """Whether a checkpoint's state_dict names load strictly (False: a frozen backbone's, which holds exactly
+        `trainable_state_keys`; a missing or unknown name is then an error here)."""
+        if not self.backbone_frozen:
+            return True
+        missing = sorted(self.trainable_state_keys() - set(names))
+        unexpected = sorted(set(names) - self.state_dict().keys())
         if missing or unexpected:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}: Missing key(s) {missing}; "
                                f"unexpected key(s) {unexpected}")
-        return super().load_state_dict(state_dict, strict=False, assign=assign)
+        return False
 
     def write_export(self, folder: Path, adapter_only: bool = False) -> None:
         """Write this method as a HF + sentence-transformers folder (prompt formats override); LoRA
