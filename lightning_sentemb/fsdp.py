@@ -4,6 +4,7 @@ GPUs (NCCL), so the tests train it; torch's FSDP1 refuses a CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,12 @@ def shard_by_layer(module: LightningModule, mesh: Any, policy: MixedPrecisionPol
     each (the encoder with its embeddings, final norm and heads; the MLP): FSDP2 takes one module a root.
     The LightningModule itself is not wrapped (FSDP2 would change its class, which checkpoints record).
     Besides `forward`, the children's `ROOT_FORWARD_METHODS` gather their parameters."""
+    # a layer's inputs are left as they come (bf16 hidden states under bf16-mixed): FSDP's cast would rebuild the
+    # dataclasses among them, and the packed forward's state (`encoders.packed.Packing`) must reach the layers
+    layer_policy = dataclasses.replace(policy, cast_forward_inputs=False)
     for layer in module.modules():
         if isinstance(layer, GradientCheckpointingLayer):
-            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+            fully_shard(layer, mesh=mesh, mp_policy=layer_policy, reshard_after_forward=True)
     for child in module.children():
         if any(True for _ in child.parameters()):
             fully_shard(child, mesh=mesh, mp_policy=policy, reshard_after_forward=True)

@@ -41,7 +41,8 @@ from ..encoders.memory import DTYPES, BackboneDtype, enable_gradient_checkpointi
 from ..encoders.plain import POOLERS, Encoder, backbone_loading
 from ..encoders.pretrained import load_config, resolve_model_path
 from ..evaluation.sts import StsSpearman, format_table
-from ..evaluation.suite import evaluate_suite, headline_scores
+from ..evaluation.across_ranks import evaluate_across_ranks
+from ..evaluation.suite import headline_scores
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
 from ..export import write_plain_export
@@ -652,18 +653,17 @@ class SentEmbMethod(LightningModule):
 
     def _run_extra_evaluators(self, stage: str) -> None:
         """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
-        rank: each encodes its share of the sentences (`encode_across_ranks`), and every rank scores the
-        gathered embeddings itself, so no rank waits on another's long work (a collective pending through
-        minutes of scoring could outlast the process group's timeout). The scoring is deterministic and
-        its inputs identical on every rank: so are the results, which rank 0 logs (and plots)."""
+        rank: each encodes its share of the sentences (`encode_across_ranks`; under FSDP every forward is a
+        collective) and scores its share of the tasks (`evaluate_across_ranks`); every rank gets all results,
+        which rank 0 logs (and plots)."""
         datamodule = self.trainer.datamodule
         names = list(getattr(datamodule, f"{stage}_evaluators", ()))
         if not names:
             return
         figures = Path(self.trainer.default_root_dir) / "figures" / f"{stage}-step{self.global_step}"
         with nullcontext(figures) if self.trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
-            results = evaluate_suite(self.encode_across_ranks, names, datamodule.data_dir, figure_dir,
-                                     name=type(self).__name__)
+            results = evaluate_across_ranks(self.encode_across_ranks, names, datamodule.data_dir, figure_dir,
+                                            name=type(self).__name__)
         metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
         if self.trainer.is_global_zero:
             for logger in self.loggers:
