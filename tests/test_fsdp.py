@@ -58,9 +58,13 @@ def test_fsdp_trains_resumes_and_embeds_as_ddp(case, tiny_bert, sts_fixture, cor
     else:
         assert sharded["cluster_state.centroids"].dtype == torch.float32
         assert int(sharded["cluster_state.num_updates"]) == 3  # the global initialization, then steps 1 and 2
+    # AdamW's first steps move a weight by about the lr (3e-5) whatever its gradient's size: where the gradient
+    # is rounding (sums in another order: FSDP's reduce-scatter, the resume), its sign may differ, so a weight
+    # may differ by up to 2 lr; a wrong gradient would show everywhere
     for name, tensor in reference.items():
         if tensor.is_floating_point():
-            torch.testing.assert_close(sharded[name], tensor, atol=1e-6, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+            torch.testing.assert_close(sharded[name], tensor, atol=6e-5, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+            assert (sharded[name] - tensor).abs().gt(1e-6).float().mean() < 0.01, name
         else:
             assert torch.equal(sharded[name], tensor), name
     embeddings = [load_method(str(root / "checkpoints" / "last.ckpt")).encode(SENTENCES) for root in (ddp, fsdp)]
