@@ -24,7 +24,7 @@ from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit
 from .data.datamodule import SentEmbDataModule
 from .distributed import decided_by_rank_zero
 from .errors import SentEmbUserError
-from .loading import SAFE_GLOBALS, read_checkpoint
+from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod, backbone_weights_in_configure_model
 from .precision import use_tf32
