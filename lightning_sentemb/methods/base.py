@@ -49,6 +49,7 @@ from ..grad_cache import RngState, chunk_spans, rows_of
 from ..losses.mlm import mlm_loss
 from ..matryoshka import check_dims, truncate
 from .collator import Collator
+from .guide import Guide, GuideOption
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list
@@ -136,6 +137,10 @@ class SentEmbMethod(LightningModule):
             `trainer.precision: bf16-mixed` / `16-mixed`, and evaluation autocasts to it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
+        guide: GISTEmbed's false-negative filter: `{model: M, pooler: null, margin: 0.0, margin_strategy:
+            absolute}` (M any model `sentemb evaluate` reads, frozen) or `self` (the model's own detached
+            similarities); negatives the guide scores above the anchor's positive (less the margin) leave the
+            denominator. See `methods.guide` and docs/negatives.md; null = off.
 
     Checkpoints of a frozen backbone (LoRA, DCPCSE) hold only what trains plus the state outside the
     encoder: `backbone` names the rest, rebuilt at load and checked against the identity stored with it
@@ -172,12 +177,14 @@ class SentEmbMethod(LightningModule):
         matryoshka_dims: list[int] | None = None,
         matryoshka_weights: list[float] | None = None,
         matryoshka_eval_dim: int | None = None,
+        guide: GuideOption = None,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
             raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {grad_cache_chunk}")
         self.save_hyperparameters()
         self._run_seed: int | None = None
+        self.guide = Guide.from_option(guide)
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
         options = with_dropout(from_pretrained_options(backbone_dtype, load_in_4bit), self.family, dropout)
@@ -309,6 +316,8 @@ class SentEmbMethod(LightningModule):
         so what the method builds from rows (views, prototypes, template-denoised vectors: the bias is
         subtracted at full size, which truncation commutes with) is truncated alike. The logged values
         are the method's at the first listed size, plus each truncation's loss."""
+        if self.guide is not None:  # once per batch, at full size, for every truncation
+            batch = {**batch, "guide_rows": self.guide.rows(embeddings, batch)}
         dims = self.hparams.matryoshka_dims
         if not dims:
             return self.embedding_loss(embeddings, batch)
