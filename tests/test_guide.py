@@ -188,3 +188,18 @@ def test_conpvp_refuses_a_text_guide_for_its_negative_prototypes(tiny_bert):
     with pytest.raises(SentEmbUserError, match="guide: self, or prototypes: positive"):
         ConPVP(tiny_bert, guide={"model": tiny_bert})
     assert ConPVP(tiny_bert, guide="self").guide.is_self
+
+
+def test_a_method_whose_loss_ignores_the_guide_is_refused(tiny_bert):
+    """A method of one's own whose `embedding_loss` never asks for the mask: the next batch stops."""
+
+    class Unguided(SimCSE):
+        def embedding_loss(self, embeddings, batch):
+            anchors, positives = embeddings.unflatten(0, (2, -1))
+            return self.loss_fn(anchors, positives, torch.arange(anchors.size(0))), {}
+
+    method = Unguided(tiny_bert, guide="self")
+    batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(["a b", "c d"])])
+    method.training_loss(batch)
+    with pytest.raises(SentEmbUserError, match="Unguided.embedding_loss does not apply the guide's mask"):
+        method.training_loss(batch)

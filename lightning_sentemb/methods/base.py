@@ -317,7 +317,7 @@ class SentEmbMethod(LightningModule):
         subtracted at full size, which truncation commutes with) is truncated alike. The logged values
         are the method's at the first listed size, plus each truncation's loss."""
         if self.guide is not None:  # once per batch, at full size, for every truncation
-            batch = {**batch, "guide_rows": self.guide.rows(embeddings, batch)}
+            batch = {**batch, "guide_rows": self.guide.rows(embeddings, batch, type(self).__name__)}
         dims = self.hparams.matryoshka_dims
         if not dims:
             return self.embedding_loss(embeddings, batch)

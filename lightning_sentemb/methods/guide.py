@@ -90,6 +90,7 @@ class Guide:
         self.settings = settings
         self.is_self = settings["model"] == "self"
         self._model: SentEmbMethod | None = None
+        self._unused_by: str | None = None  # the method whose last batch's rows no loss has read yet
 
     @classmethod
     def from_option(cls, option: GuideOption) -> Guide | None:
@@ -107,9 +108,16 @@ class Guide:
         return self._model.eval()
 
     @torch.no_grad()
-    def rows(self, embeddings: Tensor, batch: dict[str, Any]) -> Tensor:
+    def rows(self, embeddings: Tensor, batch: dict[str, Any], method: str = "the method") -> Tensor:
         """The guide's embedding of each of `embeddings`' rows (the batch's views, in order): the rows
-        themselves, detached, for `self`; else the guide's embeddings of the rows' texts."""
+        themselves, detached, for `self`; else the guide's embeddings of the rows' texts. A method whose
+        loss never asked for the mask (`drop`) of the previous batch is refused: the guide would do
+        nothing, silently."""
+        if self._unused_by is not None:
+            raise SentEmbUserError(f"{OPTION}: {self._unused_by}.embedding_loss does not apply the guide's mask; a "
+                                   "method of your own passes `self.guide.drop(batch, labels)` to its loss "
+                                   "(docs/negatives.md), or remove the guide")
+        self._unused_by = method
         if self.is_self:
             return embeddings.detach()
         texts: list[str] = batch["texts"]
@@ -131,6 +139,7 @@ class Guide:
         against the global batch's rows of views 1, 2, ... in that order (SimCSE's positives then hard
         negatives); and the fraction dropped, to log. Under DDP the guide's rows are gathered as the
         method gathers its own, so column j is the same row for both."""
+        self._unused_by = None
         views = batch["guide_rows"].unflatten(0, (batch["num_views"], -1))
         candidates = torch.cat([gather_with_grad(view) for view in views[1:]])
         mask = false_negative_mask(views[0], candidates, labels, self.settings["margin"],
