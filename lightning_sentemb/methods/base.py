@@ -139,8 +139,8 @@ class SentEmbMethod(LightningModule):
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
         guide: GISTEmbed's false-negative filter: `{model: M, pooler: null, margin: 0.0, margin_strategy:
             absolute}` (M any model `sentemb evaluate` reads, frozen) or `self` (the model's own detached
-            similarities); negatives the guide scores above the anchor's positive (less the margin) leave the
-            denominator. See `methods.guide` and docs/negatives.md; null = off.
+            similarities); negatives the guide scores at or above the anchor's positive (less the margin) leave
+            the denominator. See `methods.guide` and docs/negatives.md; null = off.
 
     Checkpoints of a frozen backbone (LoRA, DCPCSE) hold only what trains plus the state outside the
     encoder: `backbone` names the rest, rebuilt at load and checked against the identity stored with it
