@@ -101,7 +101,7 @@ def right_padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids * mask, mask
 
 
-def packed_and_padded(path: str, kernel: str, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def packed_and_padded(path: str, kernel: str, autocast: bool = False) -> tuple[torch.Tensor, ...]:
     """Last hidden states of the packed forward (`kernel`) and of a plain SDPA copy, and the real-token mask."""
     model = AutoModel.from_pretrained(path).eval()
     plain = copy.deepcopy(model)

@@ -5,9 +5,11 @@ attends within each sentence of the batch's `TokenLayout`:
 
 | kernel | where `auto` runs it | what it needs |
 |---|---|---|
-| `varlen` | CUDA, fp16/bf16, no attention dropout | `torch.nn.attention.varlen.varlen_attn`, flash: sm80+ |
-| `nested` | CUDA, fp16/bf16, attention dropout (or no `varlen`), no window | SDPA on nested jagged tensors: flash (sm80+) or memory-efficient (sm70: V100, fp16) |
-| `aligned` | everything else: CPU, fp32, soft-capping, a prefix on causal layers | SDPA (or `math_attention`) on each sentence re-padded from position 0 |
+| `varlen` | CUDA sm80+, fp16/bf16, no attention dropout | torch's `varlen_attn` (flash) |
+| `nested` | CUDA, fp16/bf16, attention dropout (or no `varlen`), no window | SDPA on nested jagged tensors |
+| `aligned` | everything else: CPU, fp32, soft-capping, a prefix on causal layers | SDPA on re-padded sentences |
+
+`nested` runs flash on sm80+ and the memory-efficient kernel on a V100 (sm70, fp16 only).
 
 `choose_kernel` is the whole choice, a pure function of what torch offers (`torch_features`, read once), the
 device and the call; the kernels that ran are counted (`kernels_ran`) and each logged the first time.
@@ -31,6 +33,7 @@ from .layout import TokenLayout
 log = logging.getLogger(__name__)
 
 Kernel = Literal["auto", "aligned", "varlen", "nested"]
+KERNEL_NAMES = ("varlen", "nested", "aligned")
 HALF = (torch.float16, torch.bfloat16)
 
 

@@ -137,8 +137,8 @@ def is_packed(backbone: PreTrainedModel) -> bool:
 def packed_call(backbone: PreTrainedModel) -> Iterator[None]:
     """The backbone on `PACKED` for one call: no attention mask is built for the packed row."""
     if backbone.config._attn_implementation != PADDING_FREE:
-        raise RuntimeError(f"{type(backbone).__name__} is not set up for the packed forward "
-                           f"(attention {backbone.config._attn_implementation!r}): set_attention(backbone, PADDING_FREE)")
+        raise RuntimeError(f"{type(backbone).__name__} is not set up for the packed forward (attention "
+                           f"{backbone.config._attn_implementation!r}): set_attention(backbone, PADDING_FREE)")
     backbone.config._attn_implementation = PACKED
     try:
         yield
