@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from .layout import TokenLayout
-
-log = logging.getLogger(__name__)
 
 Kernel = Literal["auto", "aligned", "varlen", "nested"]
 KERNEL_NAMES = ("varlen", "nested", "aligned")
@@ -125,8 +123,6 @@ def reset_kernels_ran() -> None:
 def note_kernel(kernel: str, query: Tensor, dropout: float, causal: bool, window: int | None) -> None:
     """Count one call of `kernel`; the first of each kernel in the process is logged (info, rank zero)."""
     if kernel not in _ran:
-        from lightning.pytorch.utilities import rank_zero_info
-
         rank_zero_info(f"packed attention: the {kernel} kernel runs ({query.device.type}, {query.dtype}, dropout "
                        f"{dropout:g}, {'causal' if causal else 'bidirectional'}"
                        f"{f', window {window}' if window else ''})")
