@@ -231,6 +231,14 @@ def _sts_section(results: dict[str, dict]) -> list[str]:
             format_table(rows), ""]
 
 
+def _mteb_section(results: dict[str, dict]) -> list[str]:
+    rows = {model: r["mteb"] for model, r in results.items() if "mteb" in r}
+    if not rows:
+        return []
+    return ["## MTEB", "", "mteb's main score ×100 for each task (`--mteb`; cosine Spearman for STS).", "",
+            format_table(rows), ""]
+
+
 def _transfer_section(results: dict[str, dict], out_dir: Path, written: dict[str, Path]) -> list[str]:
     columns = _present(results, "transfer", TRANSFER_COLUMNS)
     if not columns:
@@ -439,6 +447,7 @@ def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[s
         lines += [f"**A quick look**: every task capped at {', '.join(map(str, capped))} examples drawn at random "
                   "(`--max-examples`); these are not the papers' numbers.", ""]
     lines += _sts_section(results)
+    lines += _mteb_section(results)
     lines += _transfer_section(results, out_dir, written)
     lines += _clustering_section(results)
     lines += _analysis_section(results, out_dir, written)
