@@ -52,7 +52,7 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
 Tools:
   evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
   export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
-  data        download the data sets, or check what a data directory holds
+  data        download the data sets, check what a data directory holds, mine hard negatives
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
   reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`)
 
@@ -309,12 +309,41 @@ def data_parser() -> ArgumentParser:
     check.add_argument("--require", default="sts",
                        help="comma-separated groups that must be complete for exit status 0: "
                             "sts,transfer,cluster,wiki1m,nli or all (default sts: what every fit needs)")
+    add_mine_parser(sub)
     return parser
+
+
+def add_mine_parser(sub: argparse._SubParsersAction) -> None:
+    mine = sub.add_parser("mine", help="mine hard negatives for (anchor, positive) pairs with a model; write triplets",
+                          description="Candidates: the file's distinct positives, ranked by cosine (faiss); ranks, "
+                                      "margin and score filter them (docs/negatives.md).")
+    mine.add_argument("pairs", help=".csv with header sent0,sent1 (or anchor,positive), or .jsonl of such objects")
+    mine.add_argument("--model", required=True, help="checkpoint (.ckpt), export, HF folder, hub name or pkg:MODULE")
+    mine.add_argument("--output", required=True, help="triplet .csv (sent0,sent1,hard_neg): one row per negative")
+    mine.add_argument("--pooler", default=None, help="pooling for HF folders, as in `sentemb evaluate`")
+    mine.add_argument("--num-negatives", type=int, default=1, help="negatives per pair (default 1)")
+    mine.add_argument("--range-min", type=int, default=0, help="skip the first ranks (0 = most similar candidate)")
+    mine.add_argument("--range-max", type=int, default=50, help="consider ranks below this (default 50)")
+    mine.add_argument("--margin", type=float, default=None, help="a negative scores at most the positive's score "
+                      "less this (absolute), or less this × |positive's score| (relative)")
+    mine.add_argument("--margin-strategy", choices=["absolute", "relative"], default="absolute")
+    mine.add_argument("--max-score", type=float, default=None, help="a negative's cosine with the anchor is at most this")
+    mine.add_argument("--exclude-positives", action="store_true",
+                      help="no negative is a positive that the file pairs with the same anchor text elsewhere")
+    mine.add_argument("--chunk-size", type=int, default=8192, help="sentences encoded and searched at a time")
+    mine.add_argument("--batch-size", type=int, default=128)
+    mine.add_argument("--device", default=None, help="cuda when available, else cpu")
+    mine.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
 
 
 def data(options: argparse.Namespace) -> None:
     from .data.download import CHECK_GROUPS, check_data_dir, download
 
+    if options.action == "mine":
+        from .mining import mine_command
+
+        mine_command(options)
+        return
     if options.action == "download":
         download(options.to, options.what.split(","))
         return
