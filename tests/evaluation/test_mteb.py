@@ -119,3 +119,32 @@ def test_task_names_and_benchmarks() -> None:
     assert len(mteb_tasks("MTEB(eng, v2)")) > 10
     with pytest.raises(SentEmbUserError, match="STSBenchmrk.*Did you mean.*STSBenchmark"):
         mteb_tasks("STSBenchmrk")
+
+
+def test_evaluate_cli_puts_mteb_scores_in_results_and_report(tiny_bert: str, tmp_path: Path, monkeypatch) -> None:
+    """`sentemb evaluate --mteb` (a local task in place of the hub's) with `--dims`: each row's score is
+    mteb's on that row's embedding, the same as our evaluator's Spearman of it."""
+    import json
+
+    from lightning_sentemb.cli import main
+    from lightning_sentemb.evaluation.sts import pair_cosines, spearman
+    from lightning_sentemb.loading import load_embedder
+    from lightning_sentemb.matryoshka import truncate
+
+    first = ["a man plays the guitar .", "a woman is slicing an onion .", "the cat sleeps on the mat .",
+             "two dogs run in a park .", "a child rides a bike ."]
+    second = ["a man is playing music .", "someone cuts a vegetable .", "a cat is asleep .",
+              "dogs are running outside .", "the stock market fell today ."]
+    gold = [4.5, 3.8, 4.0, 3.5, 0.2]
+    monkeypatch.setattr("lightning_sentemb.evaluation.mteb.mteb_tasks",
+                        lambda spec: [local_sts_task(spec, first, second, gold)])
+    main(["evaluate", "--model", tiny_bert, "--name", "tiny", "--pooler", "avg", "--mteb", "Pairs", "--dims", "8",
+          "--output", str(tmp_path / "report")])
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    embedder = load_embedder(tiny_bert, "avg")
+    a, b = embedder.encode(first), embedder.encode(second)
+    for row, (x, y) in {"tiny": (a, b), "tiny @8": (truncate(a, 8), truncate(b, 8))}.items():
+        assert results[row]["mteb"]["Pairs"] == pytest.approx(100 * spearman(pair_cosines(x, y), gold), abs=1e-6)
+        assert "sts" not in results[row]
+    assert results["tiny @8"]["dim"] == 8
+    assert "## MTEB" in (tmp_path / "report" / "report.md").read_text()
