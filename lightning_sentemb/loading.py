@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from .backbones import family_of
 from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .encoders.pretrained import load_config
+from .build import build_method
 from .errors import SentEmbUserError
-from .methods.base import SentEmbMethod
-from .methods.building import build_method
-from .methods.simcse import SimCSE
 from .user_code import add_user_folders, missing_module_error
 
+if TYPE_CHECKING:
+    from .methods.base import SentEmbMethod
+
+# A plain folder is embedded as SimCSE with no MLP. Named, not imported: `loading` sits below the methods
+# (their guide loads its model here), and finds every method class by name, as a checkpoint names it.
+PLAIN_FOLDER_METHOD = "lightning_sentemb.methods.SimCSE"
+
 # read here for `load_method`; re-exported for code that imported them from `loading`
-__all__ = ["SAFE_GLOBALS", "load_method", "method_class", "read_checkpoint"]
+__all__ = ["SAFE_GLOBALS", "Embedder", "load_embedder", "load_method", "method_class", "read_checkpoint"]
 
 
 def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
@@ -48,17 +58,68 @@ def load_method(
         if overrides.get("template") is not None:
             raise SentEmbUserError(f"--template applies to model folders; checkpoint {path} keeps its own input format")
         checkpoint = read_checkpoint(path, map_location, trust_checkpoint)
-        cls = method_class(checkpoint.get("sentemb_method", "lightning_sentemb.methods.SimCSE"), f"checkpoint {path}")
+        cls = method_class(checkpoint.get("sentemb_method", PLAIN_FOLDER_METHOD), f"checkpoint {path}")
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return cls.load_from_checkpoint(path, map_location=map_location, weights_only=not trust_checkpoint,
                                             **overrides)
     if pooler is None and overrides.get("template") is None and family_of(load_config(path)).default_pooler == "cls":
         pooler = "cls_before_pooler"
+    module, _, name = PLAIN_FOLDER_METHOD.rpartition(".")
+    simcse = getattr(importlib.import_module(module), name)
     if pooler != "cls":
-        return build_method(SimCSE, path, pooler=pooler, mlp="none", **overrides)
-    method = build_method(SimCSE, path, pooler="cls", mlp="always", **overrides)
+        return build_method(simcse, path, pooler=pooler, mlp="none", **overrides)
+    method = build_method(simcse, path, pooler="cls", mlp="always", **overrides)
     backbone_pooler = getattr(method.encoder.backbone, "pooler", None)
     if backbone_pooler is None:
         raise SentEmbUserError(f"--pooler cls: {path} has no pooler layer, so 'cls' is undefined; use cls_before_pooler")
     method.mlp[0].load_state_dict(backbone_pooler.dense.state_dict())
     return method
+
+
+@dataclass
+class Embedder:
+    """Any model as one function: `encode(sentences, batch_size=None, show_progress=None, label="encode")`
+    → (n, `size`) float32 embeddings on CPU in the input order, `SentEmbMethod.encode`'s signature.
+    What `sentemb evaluate`, MTEB (`evaluation.mteb`) and `sentemb data mine` call."""
+
+    encode: Callable[..., torch.Tensor]
+    size: int
+
+
+def is_our_export(path: str) -> bool:
+    """A `sentemb export` folder whose first module is ours (a template or a prefix): only
+    sentence-transformers with that module reproduces its embedding; `SimCSE(path)` would drop it."""
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return False
+    entries = json.loads(modules.read_text())
+    return bool(entries) and entries[0].get("type", "").startswith("lightning_sentemb.")
+
+
+def load_embedder(
+    path: str, pooler: str | None = None, device: str = "cpu", batch_size: int | None = None,
+    trust_checkpoint: bool = False, eval_precision: str = "auto", **overrides,
+) -> Embedder:
+    """The embedding of a checkpoint, HF folder, hub name or `pkg:` model (`load_method`, with
+    `pooler`), or of an export of a prompt or prefix method (through sentence-transformers, which runs
+    the export's own module; `pooler` given means the bare backbone instead). `batch_size` is the
+    default of `encode`; `overrides` go to `load_method` (e.g. `template`)."""
+    if pooler is None and not overrides and is_our_export(path):
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(path, device=device, trust_remote_code=True)
+
+        def encode_export(sentences: list[str], batch_size: int | None = batch_size,
+                          show_progress: bool | None = None, label: str = "encode") -> torch.Tensor:
+            return model.encode(list(sentences), batch_size=batch_size or 32, convert_to_tensor=True,
+                                show_progress_bar=bool(show_progress)).float().cpu()
+
+        return Embedder(encode_export, model.get_embedding_dimension())
+    method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,
+                         **overrides).to(device)
+
+    def encode(sentences: list[str], batch_size: int | None = batch_size, show_progress: bool | None = None,
+               label: str = "encode") -> torch.Tensor:
+        return method.encode(list(sentences), batch_size, show_progress, label)
+
+    return Embedder(encode, method.output_size)

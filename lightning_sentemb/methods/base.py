@@ -12,7 +12,6 @@ import inspect
 import os
 from typing import Any, Literal
 
-import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
@@ -35,6 +34,7 @@ from .building import (
 from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
 from .encoding import autocast_for
+from .guide import Guide, GuideOption
 
 __all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "build_method", "unpacked_numel"]
 
@@ -53,14 +53,12 @@ class SentEmbMethod(LightningModule):
             mask); None = the family's default, cls for encoders and last for decoders.
         dropout: every dropout probability of the backbone's config (None = the checkpoint's). Decoder
             LLMs and ModernBERT ship with 0, which makes unsupervised SimCSE's two views identical.
-        matryoshka_dims: Matryoshka training (e.g. [768, 512, 256, 128, 64]): the method's own loss on
-            the first d dimensions of every embedding of the batch, re-normalized, for each d, summed
-            with `matryoshka_weights` (default 1 each, as sentence-transformers' MatryoshkaLoss). None
-            = the plain loss. See `sentence_loss`.
+        matryoshka_dims: Matryoshka training (e.g. [768, 512, 256, 128, 64]): the method's loss on the first
+            d dimensions of every embedding, re-normalized, summed over d with `matryoshka_weights`
+            (default 1 each, as sentence-transformers' MatryoshkaLoss; `matryoshka.matryoshka_loss`).
         matryoshka_weights: one weight per entry of `matryoshka_dims`.
-        matryoshka_eval_dim: validation (the STS-B dev score that selects `best.ckpt`) on the first
-            this many dimensions; None = all. Test and `encode` keep every dimension
-            (`sentemb evaluate --dims` scores truncations).
+        matryoshka_eval_dim: validation (the STS-B dev score that selects `best.ckpt`) on the first this many
+            dimensions; None = all. Test and `encode` keep all (`sentemb evaluate --dims` scores truncations).
         mlp: Linear+Tanh projection over the pooled vector: "train" (SimCSE unsupervised: used in
             training, dropped at evaluation), "always" (supervised SimCSE), or "none".
         temperature: τ of the contrastive softmax.
@@ -98,6 +96,10 @@ class SentEmbMethod(LightningModule):
             [X] twice; null = the sentence alone. Methods with their own input format refuse it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
+        guide: GISTEmbed's false-negative filter: `{model: M, pooler: null, margin: 0.0, margin_strategy:
+            absolute}` (M any model `sentemb evaluate` reads, frozen) or `self` (the model's own detached
+            similarities); negatives the guide scores at or above the anchor's positive (less the margin) leave
+            the denominator. See `methods.guide` and docs/negatives.md; null = off.
     """
 
     manual_gradient_clip: tuple[float | None, str | None] = (None, None)
@@ -132,11 +134,13 @@ class SentEmbMethod(LightningModule):
         matryoshka_eval_dim: int | None = None,
         bidirectional: bool = False,
         template: str | None = None,
+        guide: GuideOption = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         resolve_attention(self)
         self._run_seed: int | None = None
+        self.guide = Guide.from_option(guide)
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
         self.encoder = build_encoder_for(self)
@@ -159,8 +163,7 @@ class SentEmbMethod(LightningModule):
 
     # ----- what a method provides -------------------------------------------------------
     def apply_family_defaults(self) -> None:
-        """Fill the hyper-parameters left at None whose default depends on the backbone family
-        (`self.family`), before the encoder is built; the resolved values are what checkpoints keep."""
+        """Fill the hyper-parameters whose default depends on `self.family` (checkpoints keep the values)."""
         if self.hparams.pooler is None:
             self.hparams.pooler = "echo_mean" if self.hparams.get("template") else self.family.default_pooler
 
@@ -225,6 +228,8 @@ class SentEmbMethod(LightningModule):
     # ----- training ---------------------------------------------------------------------
     def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """The method's `embedding_loss`; with `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
+        if self.guide is not None:  # once per batch, at full size, for every truncation
+            batch = {**batch, "guide_rows": self.guide.rows(embeddings, batch, type(self).__name__)}
         dims = self.hparams.matryoshka_dims
         if not dims:
             return self.embedding_loss(embeddings, batch)
@@ -242,19 +247,13 @@ class SentEmbMethod(LightningModule):
             self._collator = self.collator_class(self.encoder.format, self.encoder.max_length, self.hparams)
         return self._collator
 
-    def collate(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        """Training batch from tokenized examples (`collator`'s)."""
-        return self.collator(examples)
-
-    @property
-    def collate_generator(self) -> torch.Generator:
-        """What `collate` draws from (MLM masks, templates); the training loader reseeds it per batch."""
-        return self.collator.generator
+    collate = property(lambda self: self.collator, doc="`collate(examples)`: a training batch (`collator`'s).")
+    collate_generator = property(lambda self: self.collator.generator,
+                                 doc="What `collate` draws from (MLM masks, templates); reseeded per batch.")
 
     @property
     def run_seed(self) -> int:
-        """Seed of the run's data order, collate draws and per-step RNG: the `seed_everything` seed,
-        kept in checkpoints so a resumed run continues the same streams whatever its own seed."""
+        """The `seed_everything` seed of the run's data order and draws, kept in checkpoints for resuming."""
         if self._run_seed is None:
             self._run_seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         return self._run_seed
@@ -284,6 +283,7 @@ class SentEmbMethod(LightningModule):
     on_save_checkpoint = checkpoint_state.on_save_checkpoint
     on_load_checkpoint = checkpoint_state.on_load_checkpoint
     load_state_dict = checkpoint_state.load_state_dict
+    check_state_keys = checkpoint_state.check_state_keys
 
     def own_hyperparameters(self) -> dict[str, Any]:
         """The method's own hyperparameters, those the shared base does not take (model cards list them)."""

@@ -10,33 +10,25 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
 
 from ..backbones import UnsupportedBackbone, with_dropout
+from ..build import build_method
 from ..encoders.lora import add_lora, peft_base_reference
 from ..encoders.memory import enable_gradient_checkpointing, from_pretrained_options
 from ..encoders.plain import Encoder, backbone_loading
 from ..errors import SentEmbUserError
+from ..fsdp import is_sharded
 
 if TYPE_CHECKING:
     from .base import SentEmbMethod
 
 # null = padding-free; "padded" = transformers' padded forward with the kernel it picks; a kernel name = with it
+__all__ = ["build_method", "configure_backbone", "weights_device"]  # build_method: `lightning_sentemb.build`
+
 AttnImplementation = Literal["padded", "sdpa", "eager", "flash_attention_2", "flex_attention"]
-
-Method = TypeVar("Method", bound="SentEmbMethod")
-
-
-def build_method(cls: type[Method], *args: Any, **kwargs: Any) -> Method:
-    """`cls(*args, **kwargs)` with its backbone's weights loaded (`configure_model`, on the CPU outside a
-    trainer): a method ready to `encode`, train or export."""
-    method = cls(*args, **kwargs)
-    method.configure_model()
-    return method
-
 
 @functools.cache
 def _warn_padding_free() -> None:
@@ -104,7 +96,7 @@ def weights_device(method: SentEmbMethod) -> torch.device | None:
     local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
     GPU) outside a trainer, and under FSDP, which shards the module from host memory as it wraps it."""
     trainer = method._trainer
-    if trainer is None or isinstance(trainer.strategy, FSDPStrategy):
+    if trainer is None or is_sharded(trainer.strategy):
         return None
     return trainer.strategy.root_device
 
