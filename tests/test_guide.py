@@ -199,7 +199,7 @@ def test_a_method_whose_loss_ignores_the_guide_is_refused(tiny_bert):
             anchors, positives = embeddings.unflatten(0, (2, -1))
             return self.loss_fn(anchors, positives, torch.arange(anchors.size(0))), {}
 
-    method = Unguided(tiny_bert, guide="self")
+    method = build_method(Unguided, tiny_bert, guide="self")
     batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(["a b", "c d"])])
     method.training_loss(batch)
     with pytest.raises(SentEmbUserError, match="Unguided.embedding_loss does not apply the guide's mask"):

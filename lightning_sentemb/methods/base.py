@@ -202,6 +202,8 @@ class SentEmbMethod(LightningModule):
 
     def embed(self, features: dict[str, Tensor]) -> Tensor:
         """Sentence vectors; the MLP applies in training, and at evaluation only with mlp='always'."""
+        if self.encoder.weights_deferred:  # built with `cls(...)` alone: one line instead of a meta-device error
+            raise RuntimeError(f"{type(self).__name__}: no weights yet; build it with build_method(cls, ...)")
         return self.project(self.encoder(features))
 
     def project(self, pooled: Tensor) -> Tensor:
