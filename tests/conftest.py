@@ -219,15 +219,19 @@ for _name in TINY_MODELS:
     globals()[_name] = tiny_model_fixture(_name)
 
 
-@pytest.fixture()
-def corpus_file(tmp_path: Path) -> Path:
-    """A small one-sentence-a-line corpus with blank lines to skip."""
+def write_corpus(folder: Path) -> Path:
+    """A small one-sentence-a-line corpus with blank lines to skip, as `folder`/corpus.txt."""
     lines = [f"sentence number {i} is about {'cats' if i % 2 else 'dogs'} ." for i in range(40)]
     lines.insert(5, "")
     lines.insert(17, "   ")
-    path = tmp_path / "corpus.txt"
+    path = folder / "corpus.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture()
+def corpus_file(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path)
 
 
 def write_sts_fixture(root: Path, pairs_per_subset: int = 6) -> Path:
