@@ -4,8 +4,6 @@ downloads), the data dir."""
 from __future__ import annotations
 
 import os
-import signal
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from transformers import (
     RobertaConfig,
 )
 
-from tests import duration_budget
+from tests.session import pytest_addoption, pytest_configure  # noqa: F401 (this suite's hooks)
 
 REPO = Path(__file__).resolve().parents[1]
 ROBERTA_CORPUS = [
@@ -42,44 +40,6 @@ ROBERTA_CORPUS = [
 ] * 20
 
 os.environ.setdefault("WANDB_MODE", "disabled")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    duration_budget.add_options(parser)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """In the process that runs the session (not in an xdist worker): a SIGTERM (`make test` stopped)
-    takes the workers and everything they started with it, and the duration budget is reported."""
-    # `workerinput` marks an xdist worker; the environment would not: a session started from a worker
-    # (tests/test_make.py) inherits its PYTEST_XDIST_WORKER
-    if hasattr(config, "workerinput"):
-        return
-    config.pluginmanager.register(duration_budget.DurationBudget(config.getoption("test_budget"),
-                                                                 config.getoption("strict_test_budget")),
-                                  "duration_budget")
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop_with_descendants)
-
-
-def stop_with_descendants(signum: int, frame: object) -> None:
-    """Terminate every descendant (xdist workers, their DataLoader workers, the `sentemb` processes tests
-    start), kill those still there after 5 s, then exit: orphans would go on holding memory."""
-    import psutil  # a dependency of wandb
-
-    descendants = psutil.Process().children(recursive=True)
-    for process in descendants:
-        try:
-            process.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(descendants, timeout=5)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    os._exit(128 + signum)
 
 
 def minilm_path() -> str:

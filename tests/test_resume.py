@@ -133,9 +133,10 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["simcse", "clusterns"])
+@pytest.mark.parametrize("method", ["clusterns"])
 def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, corpus, tmp_path):
-    """The same under 2-process CPU DDP (gloo): SIGTERM on rank 0 stops both ranks at one step."""
+    """The same under 2-process CPU DDP (gloo): SIGTERM on rank 0 stops both ranks at one step. ClusterNS
+    only: its step is SimCSE's plus the centroids rank 0 broadcasts (three 2-process launches a method)."""
 
     def launch(root: Path, losses: Path, *extra: str) -> subprocess.CompletedProcess:
         callbacks = [{"class_path": "tests.test_resume.RecordLosses", "init_args": {"path": str(losses)}}]
