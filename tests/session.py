@@ -29,6 +29,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                   "duration_budget")
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop_with_descendants)
+        # not in a forked child (a DataLoader or tokenization worker): there the handler would stop the
+        # child's own descendants only, and runs only if the signal reaches its main thread
+        os.register_at_fork(after_in_child=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 
 
 def stop_with_descendants(signum: int, frame: object) -> None:

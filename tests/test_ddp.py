@@ -33,6 +33,7 @@ def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear):
 
 
 def worker(rank: int, init_file: str, out_file: str) -> None:
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), as DataLoader workers
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     views, layer = make_inputs()
     local = views[:, rank * GLOBAL_BATCH // WORLD : (rank + 1) * GLOBAL_BATCH // WORLD]
@@ -46,7 +47,10 @@ def worker(rank: int, init_file: str, out_file: str) -> None:
 
 
 def test_global_negatives_match_single_process(tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")), nprocs=WORLD, join=True)
+    # fork: the ranks start with this process's imports (spawn re-imports torch and transformers in each,
+    # most of the test's time)
+    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")), nprocs=WORLD, join=True,
+                       start_method="fork")
     distributed = torch.load(tmp_path / "out.pt")
     views, layer = make_inputs()
     loss, grad = loss_and_grad(views, layer)
