@@ -79,9 +79,13 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
     parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
                         "(default: run folder + file stem, e.g. simcse/best)")
-    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2"],
+    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2",
+                                             "echo_mean", "echo_last"],
                         help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler "
-                             "on encoders, last on decoder LLMs")
+                             "on encoders, last on decoder LLMs, echo_mean with --template")
+    parser.add_argument("--template", default=None,
+                        help="for HF folders: echo (echo embeddings: the sentence twice, pooled over the second copy), "
+                             "or echo wording with [X] twice")
     parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None,
@@ -143,8 +147,9 @@ def evaluate(options: argparse.Namespace) -> None:
 
     try:
         for index, (model, label) in enumerate(zip(options.model, model_labels(options.model, options.name))):
+            template = {} if options.template is None else {"template": options.template}
             method = load_method(model, options.pooler, trust_checkpoint=options.trust_checkpoint,
-                                 eval_precision=options.precision).to(device)
+                                 eval_precision=options.precision, **template).to(device)
             encode = functools.partial(method.encode, batch_size=options.batch_size)
             if index == 0:
                 print(encoding_estimate(encode, plan, options.batch_size, len(options.model)), flush=True)

@@ -88,12 +88,15 @@ def load_method(
     A checkpoint is read with `weights_only=True` unless `trust_checkpoint` (see `read_checkpoint`).
     """
     if str(path).endswith(".ckpt"):
+        if overrides.get("template") is not None:
+            raise SentEmbUserError(f"--template applies to model folders; checkpoint {path} keeps its own input format")
         checkpoint = read_checkpoint(path, map_location, trust_checkpoint)
         cls = method_class(checkpoint.get("sentemb_method", "lightning_sentemb.methods.SimCSE"), f"checkpoint {path}")
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return cls.load_from_checkpoint(path, map_location=map_location, weights_only=not trust_checkpoint,
                                             **overrides)
-    pooler = pooler or ("cls_before_pooler" if family_of(load_config(path)).default_pooler == "cls" else None)
+    if pooler is None and overrides.get("template") is None and family_of(load_config(path)).default_pooler == "cls":
+        pooler = "cls_before_pooler"
     if pooler != "cls":
         return SimCSE(path, pooler=pooler, mlp="none", **overrides)
     method = SimCSE(path, pooler="cls", mlp="always", **overrides)

@@ -81,6 +81,21 @@ class BackboneFamily:
     def mlm_refusal(self) -> str | None:
         return None
 
+    def lm_refusal(self) -> str | None:
+        """Why the causal-LM head (next-token prediction, MNTP) is not there, or None."""
+        if not self.causal:
+            return f"next-token prediction reads a causal LM's head and {self.model_type} is an encoder"
+        return None
+
+    def bidirectional_refusal(self, backbone: PreTrainedModel) -> str | None:
+        """Why causal masking cannot be switched off (`bidirectional: true`; it goes through the attention
+        interface, `encoders.packed`), or None when it can."""
+        if not self.causal:
+            return f"{self.model_type} is an encoder, bidirectional already: remove model.init_args.bidirectional"
+        if not backbone._supports_attention_backend:
+            return f"{self.model_type} does not route attention through transformers' attention interface"
+        return None
+
     def template_refusal(self, tokenizer: PreTrainedTokenizerBase) -> str | None:
         if self.template_readout == "mask" and tokenizer.mask_token_id is None:
             return f"prompt templates are read at the mask token and the {self.model_type} tokenizer has none"

@@ -208,6 +208,9 @@ def sentemb_attention(
     padded batch; either way with the layer's DCPCSE prefix, visible to every token, when given."""
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
+    if not getattr(module.config, "is_causal", True):  # a decoder made bidirectional (`Encoder.set_bidirectional`)
+        causal, sliding_window, attention_mask = False, None, without_window(attention_mask, sliding_window)
+        kwargs["is_causal"] = False  # SDPA without a mask (no padding) would read the module's flag
     prefix = None if sentemb_prefix is None else sentemb_prefix.of(module)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     if sentemb_packing is None:
@@ -221,18 +224,27 @@ def sentemb_attention(
     return out[None], None
 
 
+def without_window(mask: Tensor | None, window: int | None) -> Tensor | None:
+    """The padding-only mask of a sliding-window layer's bidirectional (batch, 1, length, length) mask:
+    every key lies in its own query's window, so the diagonal is the key padding mask."""
+    if mask is None or not window:
+        return mask
+    return mask.diagonal(dim1=-2, dim2=-1)[..., None, :].expand_as(mask)
+
+
 def padded_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
                      dropout: float, scale: float, causal: bool, softcap: float | None,
                      prefix: tuple[Tensor, Tensor] | None, **kwargs: Any) -> tuple[Tensor, None]:
     """transformers' SDPA on the padded batch; a prefix joins the keys, seen by every query (soft-capped
     layers: `math_attention`)."""
-    if prefix is not None:
+    if prefix is not None or softcap is not None:
         length = query.shape[2]
         if mask is None:  # SDPA's mask function leaves it out when `is_causal` alone (or nothing) masks
             mask = torch.ones(length, length, dtype=torch.bool, device=query.device)
             mask = mask.tril() if causal else mask
             mask = mask.expand(query.shape[0], 1, length, length)
-        key, value, mask = join_prefix(key, value, mask, prefix)
+        if prefix is not None:
+            key, value, mask = join_prefix(key, value, mask, prefix)
         if softcap is not None:  # SDPA has no soft-capping
             return math_attention(query, key, value, mask, dropout, scale, softcap).transpose(1, 2), None
     return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scale, softcap=softcap,

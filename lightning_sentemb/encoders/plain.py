@@ -14,17 +14,18 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
-from .packed import PACKED, TokenLayout, is_packed, layout_of, packed_forward, set_attention
+from .packed import PACKED, PADDED, TokenLayout, is_packed, layout_of, packed_forward, set_attention
 from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
 
-POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask")
+POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask", "echo_mean", "echo_last")
+ECHO_POOLERS = ("echo_mean", "echo_last")  # read an echo template's second copy (`encoders.echo`)
 LAYER_POOLERS = ("avg_first_last", "avg_top2")  # read hidden_states of several layers
 
 
@@ -104,6 +105,8 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     `features["attention_mask"]` must cover the sentence tokens only (never a prefix-extended mask).
     `last` takes each row's last real token (left or right padding); `mask` the position the template
     format put in `features["pool_position"]` (the [MASK] token, or a decoder template's last token).
+    `echo_mean` / `echo_last`: the mean / the last token of an echo template's second copy
+    (`features["echo_mask"]`, `encoders.echo`).
     `avg_first_last` averages hidden_states[first_hidden_index] and the last layer:
     index 1 (first transformer layer, default) follows BERT-whitening and SimCSE's current code;
     index 0 (the embedding output) is what SimCSE's first release used.
@@ -119,6 +122,10 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
         return hidden[rows, features["pool_position"]]
     if pooler == "avg":
         return masked_mean(hidden, attention_mask)
+    if pooler == "echo_mean":
+        return masked_mean(hidden, features["echo_mask"])
+    if pooler == "echo_last":
+        return hidden[rows, last_token_positions(features["echo_mask"])]
     if pooler == "avg_first_last":
         states = outputs.hidden_states
         return masked_mean((states[first_hidden_index] + states[-1]) / 2.0, attention_mask)
@@ -170,7 +177,8 @@ class Encoder(nn.Module):
 
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
-    head whose decoder is tied to the word embeddings. The backbone's weights load with the options of
+    head whose decoder is tied to the word embeddings. With `with_lm_head`, a decoder's causal-LM head
+    (AutoModelForCausalLM; MNTP), served by the same `mlm_logits`. The backbone's weights load with the options of
     the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without; when it
     defers them, `load_backbone` loads them later (`SentEmbMethod.configure_model`).
 
@@ -182,6 +190,10 @@ class Encoder(nn.Module):
 
     # formats whose rows carry `pool_position` (templates) may pool with "mask"
     reads_templates: bool = False
+    # formats whose rows carry `echo_mask` (`encoders.echo`) may pool with the echo poolers
+    reads_echo: bool = False
+    # a decoder's causal masking off (`set_bidirectional`)
+    bidirectional: bool = False
 
     def __init__(
         self,
@@ -189,6 +201,7 @@ class Encoder(nn.Module):
         pooler: str = "cls",
         with_mlm_head: bool = False,
         first_hidden_index: int = 1,
+        with_lm_head: bool = False,
     ) -> None:
         super().__init__()
         if pooler not in POOLERS:
@@ -196,16 +209,20 @@ class Encoder(nn.Module):
         if pooler == "mask" and not self.reads_templates:
             raise SentEmbUserError("model.init_args.pooler: 'mask' reads a template's mask token; plain-input methods "
                                    f"pool with one of {', '.join(p for p in POOLERS if p != 'mask')}")
+        if pooler in ECHO_POOLERS and not self.reads_echo:
+            raise SentEmbUserError(f"model.init_args.pooler: {pooler!r} reads an echo template's second copy: set "
+                                   "model.init_args.template echo")
         self.name_or_path = backbone
         self.pooler = pooler
         self.first_hidden_index = first_hidden_index
         family = family_of(load_config(backbone))
-        refusal = family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
+        refusal = (family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
+                   or (family.lm_refusal() if with_lm_head else None))
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         family.prepare_tokenizer(self.tokenizer)
-        self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModel
+        self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModelForCausalLM if with_lm_head else AutoModel
         options = _BACKBONE_OPTIONS.get()
         if _DEFER_WEIGHTS.get():
             self.set_backbone(backbone_skeleton(self.auto_class, backbone, options))
@@ -223,12 +240,32 @@ class Encoder(nn.Module):
 
     def set_backbone(self, model: PreTrainedModel) -> None:
         """Take `model` (an `auto_class` model: with the MLM head when there is one) as the backbone."""
-        self.mlm_model = model if self.auto_class is AutoModelForMaskedLM else None
+        self.mlm_model = model if self.auto_class is not AutoModel else None
         self.backbone = model.base_model if self.mlm_model is not None else model
+        if self.auto_class is AutoModelForCausalLM:  # next-token prediction reads the head as pretrained
+            model.get_output_embeddings().requires_grad_(False)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
         family_of(self.backbone.config).prepare_backbone(self.backbone)
+        if self.bidirectional:
+            self.backbone.config.is_causal = False
+
+    def set_bidirectional(self) -> None:
+        """Every token of a decoder sees the whole sentence (LLM2Vec): `config.is_causal = False`, transformers'
+        switch, which its padded masks honour, and our attention function too (`encoders.packed`: no causal
+        masking, no sliding window, in every kernel). The padded forward then runs through ours (`PADDED`),
+        since transformers' SDPA would mask causally a batch without padding."""
+        refusal = self.family.bidirectional_refusal(self.backbone)
+        if refusal is None and self.attn_implementation is not None:
+            refusal = (f"attn_implementation {self.attn_implementation!r} is transformers' own kernel; bidirectional "
+                       "attention runs through lightning_sentemb's (set attn_implementation null)")
+        if refusal is not None:
+            raise UnsupportedBackbone(f"bidirectional: {refusal}")
+        self.bidirectional = True
+        self.backbone.config.is_causal = False
+        self.padded_attention = PADDED
+        self.set_padding_free(self.padding_free)
 
     @property
     def weights_deferred(self) -> bool:

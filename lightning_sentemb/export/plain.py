@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..encoders.lora import save_backbone
+from ..errors import SentEmbUserError
 
 if TYPE_CHECKING:
     from ..methods.base import SentEmbMethod
@@ -62,7 +63,7 @@ def write_pooling_modules(method: SentEmbMethod, folder: Path, modules: list[dic
     modules.json. Shared by every export whose first module yields sentence-only token embeddings."""
     pooler = method.hparams.pooler
     if pooler not in ST_POOLING:
-        raise ValueError(f"{type(method).__name__} with pooler {pooler!r} needs its own export")
+        raise SentEmbUserError(f"{type(method).__name__} with pooler {pooler!r} has no sentence-transformers export yet")
     hidden = method.encoder.hidden_size
     layer_weights = _layer_weights(method)
     if layer_weights is not None:

@@ -4,9 +4,10 @@ from .base import SentEmbMethod
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .dcpcse import DCPCSE
+from .mntp import MNTP
 from .promptbert import PromptBERT
 from .simcse import SimCSE
 
 __all__ = [
-    "DCPCSE", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod", "SimCSE",
+    "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod", "SimCSE",
 ]

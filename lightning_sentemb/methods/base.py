@@ -37,6 +37,7 @@ from ..console import progress_bar
 from ..data.datamodule import batch_seed
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..distributed import gather_strided_rows, world
+from ..encoders.echo import EchoEncoder
 from ..encoders.lora import LoraSettings, add_lora, peft_base_reference
 from ..encoders.memory import DTYPES, BackboneDtype, enable_gradient_checkpointing, from_pretrained_options
 from ..encoders.plain import POOLERS, Encoder, backbone_loading
@@ -134,6 +135,11 @@ class SentEmbMethod(LightningModule):
         backbone_dtype: fp32 | bf16 | fp16, the dtype of the backbone's frozen weights (a frozen backbone
             only: LoRA or DCPCSE); what trains stays fp32. Training then needs
             `trainer.precision: bf16-mixed` / `16-mixed`, and evaluation autocasts to it.
+        bidirectional: a decoder's causal masking off, every token sees the whole sentence (LLM2Vec;
+            `Encoder.set_bidirectional`); refused on encoders.
+        template: `echo` (echo embeddings: the sentence twice, pooled over the second copy with pooler
+            echo_mean, the default then, or echo_last; `encoders.echo`), or echo wording of your own with
+            [X] twice; null = the sentence alone. Methods with their own input format refuse it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
 
@@ -172,6 +178,8 @@ class SentEmbMethod(LightningModule):
         matryoshka_dims: list[int] | None = None,
         matryoshka_weights: list[float] | None = None,
         matryoshka_eval_dim: int | None = None,
+        bidirectional: bool = False,
+        template: str | None = None,
     ) -> None:
         super().__init__()
         if grad_cache_chunk < 0:
@@ -189,6 +197,10 @@ class SentEmbMethod(LightningModule):
         try:
             with backbone_loading(defer_weights=_WEIGHTS_IN_CONFIGURE_MODEL.get(), **options):
                 self.encoder = self.build_encoder()
+                if bidirectional:
+                    self.encoder.set_bidirectional()
+                if template is not None and not self.encoder.reads_echo:
+                    raise SentEmbUserError(f"model.init_args.template: {type(self).__name__} builds its own input format")
         except UnsupportedBackbone as refusal:
             raise UnsupportedBackbone(f"{type(self).__name__} on {backbone} ({self.family.model_type}): {refusal}") from None
         self.backbone_frozen = lora is not None or not any(p.requires_grad for p in self.encoder.backbone.parameters())
@@ -283,10 +295,13 @@ class SentEmbMethod(LightningModule):
         """Fill the hyper-parameters left at None whose default depends on the backbone family
         (`self.family`), before the encoder is built; the resolved values are what checkpoints keep."""
         if self.hparams.pooler is None:
-            self.hparams.pooler = self.family.default_pooler
+            self.hparams.pooler = "echo_mean" if self.hparams.get("template") else self.family.default_pooler
 
     def build_encoder(self) -> Encoder:
         """The backbone with this method's input format; plain `[CLS] s [SEP]` by default."""
+        if self.hparams.template is not None:
+            return EchoEncoder(self.hparams.backbone, self.hparams.pooler, self.hparams.template,
+                               with_mlm_head=self.hparams.mlm_weight > 0)
         return Encoder(self.hparams.backbone, self.hparams.pooler, with_mlm_head=self.hparams.mlm_weight > 0)
 
     collator_class: type[Collator] = Collator
