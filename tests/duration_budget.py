@@ -53,6 +53,7 @@ class DurationBudget:
             return
         verdict = "fails the run" if self.strict else "reported, not failed (--strict-test-budget fails)"
         terminalreporter.section("duration budget", sep="-", yellow=True)
-        terminalreporter.write_line(f"{len(over)} test(s) not marked slow took over {self.budget:g} s ({load}; {verdict}):")
+        terminalreporter.write_line(f"{len(over)} test(s) not marked slow took over {self.budget:g} s "
+                                    f"({load}; {verdict}):")
         for seconds, nodeid in over:
             terminalreporter.write_line(f"{seconds:8.1f}s  {nodeid}")
