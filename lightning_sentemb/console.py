@@ -223,7 +223,7 @@ class SentEmbModelSummary(RichModelSummary):
 def fit_summary(trainer: Trainer, checkpoint: SentEmbCheckpoint, monitor_label: str = "STS-B dev") -> str:
     """The end of `sentemb fit`: the best score and its step, where the checkpoints and metrics are,
     and the next commands with those paths."""
-    from .loading import read_checkpoint
+    from .checkpoint_file import read_checkpoint
 
     lines = [f"fit done: {trainer.global_step} steps."]
     best = checkpoint.best_model_path

@@ -1,17 +1,23 @@
 """Gradient caching (Gao et al., 2021, "Scaling Deep Contrastive Learning Batch Size under Memory
 Limited Setup"): the exact gradient of an in-batch contrastive loss over a global batch with the
-activation memory of one chunk of rows. `SentEmbMethod.grad_cache_backward` runs the algorithm;
-here are its two pieces: the rows of a chunk and the random state that replays its dropout.
+activation memory of one chunk of rows: `grad_cache_backward` (a method's `grad_cache_backward`),
+with its two pieces, the rows of a chunk and the random state that replays its dropout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from .losses.mlm import mlm_loss
+
+if TYPE_CHECKING:
+    from .methods.base import SentEmbMethod
 
 
 def chunk_spans(num_rows: int, chunk: int) -> list[slice]:
@@ -47,3 +53,58 @@ class RngState:
             if self.cuda is not None:
                 torch.cuda.set_rng_state(self.cuda, self.device)
             yield
+
+
+def grad_cache_backward(
+    method: SentEmbMethod,
+    batch: dict[str, Any],
+    backward: Callable[[Tensor], None] = Tensor.backward,
+    no_sync: Callable[[], AbstractContextManager] = nullcontext,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Accumulate the gradient of the batch's loss into `.grad` chunk by chunk (gradient
+    caching); returns the detached loss and the logs, as `training_loss` (+ MLM) would.
+
+    1. Embed the rows (sentence rows, then any template-bias rows) `grad_cache_chunk` at a time
+       without a graph, keeping each chunk's random state.
+    2. The method's loss on all of them (the rows are combined — denoising, MLP — and scored
+       exactly as in one forward, ClusterNS's callback included); its gradient w.r.t. the
+       rows is cached (fp32).
+    3. Each chunk again, with a graph, under the random state of its first forward (same
+       dropout masks), back-propagating its cached gradient; then the MLM loss chunk by chunk
+       (a sum over rows: no cache needed).
+    4. One more backward through the loss's graph (the MLP) plus a zero touching every
+       trainable parameter: the only one outside `no_sync`, so DDP reduces the accumulated
+       gradients once per step, all parameters included.
+
+    `backward` is the trainer's (`manual_backward`: loss scaling) and `no_sync` its
+    `block_backward_sync`; the defaults serve a single process without a trainer.
+    """
+    encoder, features, chunk = method.encoder, batch["features"], method.hparams.grad_cache_chunk
+    spans = chunk_spans(features["input_ids"].size(0), chunk)
+    rng_states, rows = [], []
+    with torch.no_grad():
+        for span in spans:
+            rng_states.append(RngState.capture(method.device))
+            rows.append(encoder(rows_of(features, span, encoder.combine_keys)))
+    cached = torch.cat(rows)
+    cached = cached.to(torch.promote_types(cached.dtype, torch.float32)).requires_grad_()
+    loss, logs = method.sentence_loss(method.project(encoder.combine_rows(cached, features)), batch)
+    (row_grads,) = torch.autograd.grad(loss, cached, retain_graph=True)
+    with no_sync():
+        for span, rng_state in zip(spans, rng_states, strict=True):
+            with rng_state.replay():
+                rows_with_graph = encoder(rows_of(features, span, encoder.combine_keys))
+            backward((rows_with_graph.to(row_grads.dtype) * row_grads[span]).sum())
+        if "mlm" in batch:
+            mlm, weight = batch["mlm"], method.mlm_weight_at(method.global_step)
+            predicted = (mlm["labels"] != -100).sum()
+            logs["mlm_loss"] = loss.new_zeros(())
+            for span in chunk_spans(mlm["input_ids"].size(0), chunk):
+                logits = encoder.mlm_logits(mlm["input_ids"][span], mlm["attention_mask"][span], mlm["layout"][span])
+                part = mlm_loss(logits, mlm["labels"][span], reduction="sum") / predicted
+                backward(weight * part)
+                logs["mlm_loss"] += part.detach()
+            loss = loss + weight * logs["mlm_loss"]
+    trainable = [p for p in method.parameters() if p.requires_grad]
+    backward(loss + sum(p.sum() * 0 for p in trainable))
+    return loss.detach(), logs

@@ -23,7 +23,7 @@ from .config_errors import config_files_in, describe_parse_error
 from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
 from .errors import SentEmbUserError
-from .loading import SAFE_GLOBALS, read_checkpoint
+from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod, backbone_weights_in_configure_model
 from .precision import use_tf32

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import importlib
-import pickle
-import re
-from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
 from .backbones import family_of
+from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .encoders.pretrained import load_config
 from .errors import SentEmbUserError
 from .methods.base import SentEmbMethod
 from .methods.simcse import SimCSE
 from .user_code import add_user_folders, missing_module_error
 
-# What a checkpoint may hold beyond tensors and plain containers under `weights_only=True`: numpy
-# scalars and arrays (RNG states, metric values). Found by loading checkpoints of every method;
-# a class outside this list (or code planted in the file) stops the load instead of running.
-SAFE_GLOBALS = [
-    np._core.multiarray.scalar, np._core.multiarray._reconstruct, np.ndarray, np.dtype,
-    *(getattr(np.dtypes, name) for name in np.dtypes.__all__),
-]
-TRUST_HINT = "if you wrote the file or trust its source, pass --trust-checkpoint"
+# read here for `load_method`; re-exported for code that imported them from `loading`
+__all__ = ["SAFE_GLOBALS", "load_method", "method_class", "read_checkpoint"]
 
 
 def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
@@ -39,40 +29,6 @@ def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
         if error.name is None or not (module == error.name or module.startswith(f"{error.name}.")):
             raise
         raise missing_module_error(error.name, f"{wanted_by} was trained with {qualified_name}") from None
-
-
-def read_checkpoint(
-    path: str | Path, map_location: str = "cpu", trust_checkpoint: bool = False, mmap: bool = False
-) -> dict[str, Any]:
-    """The checkpoint's contents. Unless trusted, only tensors, plain values and `SAFE_GLOBALS` are
-    unpickled (`weights_only=True`), so a downloaded file cannot run code; any unreadable file
-    gives one error naming it. `mmap` leaves the tensors in the file until used: reading a large
-    checkpoint's step, scores or hyperparameters then costs little."""
-    path = Path(path)
-    if not path.is_file():
-        raise SentEmbUserError(f"checkpoint {path} does not exist")
-    try:
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location=map_location, weights_only=not trust_checkpoint, mmap=mmap)
-    except pickle.UnpicklingError as error:
-        blocked = re.search(r"GLOBAL (\S+)|but got (<class '[^']+'>)", str(error))
-        if not trust_checkpoint and blocked:
-            raise SentEmbUserError(
-                f"checkpoint {path} holds {next(g for g in blocked.groups() if g)}, which is not a tensor or plain "
-                f"value and could run code when loaded; {TRUST_HINT}"
-            ) from error
-        raise _unreadable(path, error) from error
-    except (RuntimeError, EOFError, KeyError, OSError) as error:
-        raise _unreadable(path, error) from error
-
-
-def _unreadable(path: Path, error: BaseException) -> SentEmbUserError:
-    """One line naming the file and torch's own reason, without torch's advice to unpickle it fully."""
-    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
-    lines = [line.strip() for line in str(error).splitlines() if line.strip() and not line.startswith(boilerplate)]
-    reason = lines[0].split(". ")[0] if lines else type(error).__name__
-    return SentEmbUserError(f"checkpoint {path} is not a readable PyTorch checkpoint (truncated, or not a checkpoint): "
-                            f"{type(error).__name__}: {reason}")
 
 
 def load_method(

@@ -20,7 +20,7 @@ from transformers import AutoModel
 
 from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import PACKED, PADDED, set_attention
+from lightning_sentemb.encoders.packed import PADDED, PADDING_FREE, set_attention
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
@@ -201,7 +201,7 @@ def test_packed_forward_equals_padded_forward(name: str, backbone: str, request)
 def prefixed_for_test(model, prefix_len: int, padding_free: bool) -> tuple[PrefixedBackbone, torch.Tensor, ...]:
     """A prefixed backbone with a random prefix (no dropout), packed or padded, and a padded batch."""
     prefixed = PrefixedBackbone(model, prefix_len, dropout=0.0).eval()
-    set_attention(model, PACKED if padding_free else PADDED)
+    set_attention(model, PADDING_FREE if padding_free else PADDED)
     torch.manual_seed(0)
     with torch.no_grad():
         prefixed.prefix_encoder.embedding.weight.normal_()

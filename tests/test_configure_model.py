@@ -16,6 +16,7 @@ from lightning_sentemb.distributed import LayerFSDPStrategy
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCPCSE, SimCSE
 from lightning_sentemb.methods.base import backbone_weights_in_configure_model
+from lightning_sentemb.methods.building import weights_device
 
 LORA = {"r": 2, "target_modules": ["query", "value"]}
 
@@ -68,12 +69,12 @@ def test_weights_load_onto_the_trainers_root_device(tiny_bert, monkeypatch):
     method = deferred(SimCSE, tiny_bert, backbone_dtype="bf16", lora=LORA)
     asked = {}
     monkeypatch.setattr(method.encoder, "load_backbone", lambda **options: asked.update(options))
-    monkeypatch.setattr("lightning_sentemb.methods.base.add_lora", lambda *args: None)
+    monkeypatch.setattr("lightning_sentemb.methods.building.add_lora", lambda *args: None)
     method._trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 1)))
     method.configure_model()
     assert asked["device_map"] == {"": torch.device("cuda", 1)} and asked["dtype"] == torch.bfloat16
     method._trainer = SimpleNamespace(strategy=LayerFSDPStrategy())
-    assert method.weights_device() is None  # FSDP shards from host memory
+    assert weights_device(method) is None  # FSDP shards from host memory
 
 
 def test_a_cli_fit_loads_the_backbone_in_configure_model(tiny_bert, sts_fixture, tmp_path):

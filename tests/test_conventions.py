@@ -363,6 +363,7 @@ def test_every_analysis_figure_has_a_title_a_legend_and_readable_ticks(tmp_path,
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from lightning_sentemb.evaluation import analysis, report
+    from lightning_sentemb.evaluation import figures as report_figures
 
     figures = []
 
@@ -370,8 +371,8 @@ def test_every_analysis_figure_has_a_title_a_legend_and_readable_ticks(tmp_path,
         figures.append((Path(path).name, fig))
         return save(fig, path)
 
-    save = report.save_figure
-    monkeypatch.setattr(report, "save_figure", keep)
+    save = report_figures.save_figure
+    monkeypatch.setattr(report_figures, "save_figure", keep)
     monkeypatch.setattr(analysis, "save_figure", keep)
     report.write_report(analysis_results(tmp_path), tmp_path / "report")
     names = sorted(name for name, _ in figures)

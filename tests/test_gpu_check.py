@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+# the script's constants, read without importing it (its imports put benchmarks/ on sys.path)
+NAMES = ("PARTS", "BUDGET_S", "REPORT_RESERVE_S", "TARGETS")
+CONSTANTS = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.parse(SCRIPT.read_text()).body
+             if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in NAMES}
+
+
+def test_the_part_limits_fit_the_budget() -> None:
+    """On a GPU every part can use its whole limit and the report is still written within the budget;
+    the parts that prove the GPU path works run before the timings."""
+    assert sum(limit for _, limit in CONSTANTS["PARTS"]) + CONSTANTS["REPORT_RESERVE_S"] <= CONSTANTS["BUDGET_S"]
+    order = [name for name, _ in CONSTANTS["PARTS"]]
+    assert order[0] == "kernels" and order.index("ddp") < order.index("throughput_simcse")
 
 
 def no_cuda_environment() -> dict[str, str]:
@@ -41,26 +55,39 @@ def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path):
     report = json.loads((folder / "report.json").read_text())
     parts = report["parts"]
     statuses = {name: part["status"] for name, part in parts.items()}
-    assert statuses == {"cuda_tests": "pass", "models": "pass", "bf16_steps": "pass", "equivalence": "pass",
+    assert list(statuses) == [name for name, _ in CONSTANTS["PARTS"]]
+    assert statuses == {"kernels": "pass", "cuda_tests": "pass", "models": "pass", "bf16_steps": "pass",
+                        "equivalence": "pass",
                         "throughput_simcse": "pass", "throughput_prompteol": "pass", "throughput_decoder_128": "pass",
                         "throughput_clusterns": "pass",
                         "ddp": "pass", "throughput_4bit": "skipped"}
     # the CUDA tests were collected and skipped on this CPU
     assert parts["cuda_tests"]["rows"] and {row["outcome"] for row in parts["cuda_tests"]["rows"]} == {"skipped"}
+    kernel_rows = parts["kernels"]["rows"]
+    assert len(kernel_rows) == 15 and {row["result"].split(":")[0] for row in kernel_rows} == {"pass", "skipped"}
+    assert all(row["result"] == "pass" for row in kernel_rows if row["kernel"] == "aligned")
     steps = parts["bf16_steps"]["rows"]
-    assert len(steps) == 10 and all(row["result"] == "pass" for row in steps)
-    assert {row["precision"] for row in parts["equivalence"]["rows"]} == {"bf16", "fp32"}
+    assert len(steps) == 7 and all(row["result"].startswith("pass") for row in steps)  # 5 + 1 methods, the sync step
+    assert "aligned" in steps[0]["kernels"] and "sync debug" in steps[-1]["method"]
+    equivalence = parts["equivalence"]["rows"]
+    assert {row["precision"] for row in equivalence} == {"bf16", "fp32"}
+    nested = [row for row in equivalence if "nested" in row["comparison"] and row["result"] == "pass"]
+    assert nested and all(row["kernels"].startswith("nested") for row in nested)
     implementations = [row["implementation"] for row in parts["throughput_simcse"]["rows"]]
     assert len(implementations) == 4 and all(row["sentences/s"] > 0 for row in parts["throughput_simcse"]["rows"])
     long_rows = parts["throughput_decoder_128"]["rows"]
     assert [row["forward"] for row in long_rows] == ["padding-free", "padded (attn_implementation sdpa)"]
     assert long_rows[0]["× padded SDPA"] > 0
+    for part, target in CONSTANTS["TARGETS"].items():  # judged, whatever the CPU's numbers
+        assert re.fullmatch(rf"target ≥ {target}× over transformers' padded SDPA: (PASS|MISS) \(\d+\.\d\d×\)",
+                            parts[part]["notes"][0])
     phases = [row.get("clustering started") for row in parts["throughput_clusterns"]["rows"]]
     assert phases == [None, False, True]
     assert [row["rank"] for row in parts["ddp"]["rows"]] == [0, 1]
     assert "bitsandbytes" in parts["throughput_4bit"]["notes"][0]
     markdown = (folder / "report.md").read_text()
-    for heading in ("## Environment", "## CUDA tests", "## One bf16-mixed training step", "## Equivalence",
+    for heading in ("## Environment", "## Attention kernels", "## CUDA tests", "## One bf16-mixed training step",
+                    "## Equivalence",
                     "## Throughput: SimCSE", "## Throughput: PromptEOL", "## Throughput: ClusterNS", "## DDP",
                     "## Throughput: 4-bit", "## Skipped"):
         assert heading in markdown

@@ -12,7 +12,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import TokenLayout, aligned_attention, math_attention
+from lightning_sentemb.encoders.kernels import aligned_attention, math_attention
+from lightning_sentemb.encoders.layout import TokenLayout
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",

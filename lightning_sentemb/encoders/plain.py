@@ -19,7 +19,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
-from .packed import PACKED, PADDED, TokenLayout, is_packed, layout_of, packed_forward, set_attention
+from .packed import PADDED, PADDING_FREE, TokenLayout, is_packed, layout_of, packed_forward, set_attention
 from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class Encoder(nn.Module):
         return is_packed(self.backbone)
 
     def set_padding_free(self, padding_free: bool) -> None:
-        set_attention(self.backbone, PACKED if padding_free else self.padded_attention)
+        set_attention(self.backbone, PADDING_FREE if padding_free else self.padded_attention)
 
     def configure_speed(self, padding_free: bool, compile_layers: bool) -> None:
         """Padding-free forward where the backbone supports it and no `attn_implementation` was asked for

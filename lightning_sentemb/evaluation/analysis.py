@@ -25,6 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from sklearn.manifold import TSNE
 
+from lightning_sentemb.evaluation.figures import safe_filename, save_figure
 from lightning_sentemb.evaluation.metrics import (
     Encode,
     alignment,
@@ -33,7 +34,6 @@ from lightning_sentemb.evaluation.metrics import (
     paired_cosine,
     uniformity,
 )
-from lightning_sentemb.evaluation.report import safe_filename, save_figure
 
 SCORE_BUCKET_EDGES: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0)
 FREQUENT_KS = (0, 5, 10, 15, 20)  # ConPVP Fig. 5: STS without the k most frequent tokens

@@ -14,21 +14,19 @@ interrupted run never leaves a half-written report behind.
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
-from matplotlib.ticker import MaxNLocator
 
 from ..atomic_io import atomic_write_bytes
 from ..errors import SentEmbUserError
+from .figures import alignment_uniformity_figure, few_shot_figure, frequent_tokens_figure, place_figure, safe_filename
 from .sts import format_table
+
+__all__ = ["encode_results", "model_labels", "write_report"]
 
 # (result key, column header) in the papers' order.
 TRANSFER_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -54,13 +52,6 @@ OTHER_CLUSTERING_COLUMNS: tuple[tuple[str, str], ...] = (("DBpedia", "DBpedia"),
 MISSING = "–"
 
 
-def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Render a matplotlib figure to PNG (Agg, no pyplot state) and write it atomically."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    return atomic_write_bytes(path, buffer.getvalue())
-
-
 def encode_results(results: dict) -> bytes:
     """The results as `results.json` holds them (numpy values as plain numbers)."""
     return json.dumps(results, indent=2, default=_json_default).encode("utf-8")
@@ -74,11 +65,6 @@ def _json_default(value: object) -> object:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     raise TypeError(f"report results contain a {type(value).__name__}, which JSON cannot store: {value!r}")
-
-
-def safe_filename(name: str) -> str:
-    """``name`` reduced to characters that are safe in a file name (model names may hold '/')."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -112,82 +98,6 @@ def _score_table(
 def _present(results: dict[str, dict], section: str, columns: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     """The columns some model has results for."""
     return [(key, title) for key, title in columns if any(key in r.get(section, {}) for r in results.values())]
-
-
-def _few_shot_figure(results: dict[str, dict], columns: Sequence[tuple[str, str]], path: Path) -> Path:
-    """One box per model for each task's per-seed accuracies (ConPVP Fig. 7 shows violins); models
-    by colour, named in the legend."""
-    models = list(results)
-    colors = {model: f"C{i % 10}" for i, model in enumerate(models)}
-    fig = Figure(figsize=(1.8 * len(columns) + 1.2, 3.8), layout="constrained")
-    axes = fig.subplots(1, len(columns), sharey=True, squeeze=False)[0]
-    for ax, (key, title) in zip(axes, columns):
-        names = [m for m in models if "few_shot" in results[m].get("transfer", {}).get(key, {})]
-        boxes = ax.boxplot([results[m]["transfer"][key]["few_shot"]["accs"] for m in names],
-                           positions=range(len(names)), patch_artist=True)
-        for box, name in zip(boxes["boxes"], names):
-            box.set_facecolor(colors[name])
-        ax.set_xticks([])
-        ax.set_title(title)
-    axes[0].set_ylabel("accuracy (%)")
-    fig.suptitle("Few-shot transfer accuracy over seeds")
-    fig.legend(handles=[Patch(facecolor=colors[m], label=m) for m in models], loc="outside lower center",
-               ncol=min(len(models), 3), fontsize=8)
-    return save_figure(fig, path)
-
-
-def _span(values: Sequence[float], minimum: float) -> tuple[float, float]:
-    """Axis limits around `values`, at least `minimum` wide: scores that differ in the fourth digit
-    would otherwise get a tick every 0.0001, labels running into each other."""
-    low, high = min(values), max(values)
-    half = max((high - low) * 0.6, minimum / 2)
-    return (low + high) / 2 - half, (low + high) / 2 + half
-
-
-def _alignment_uniformity_figure(results: dict[str, dict], path: Path) -> Path:
-    """ClusterNS Fig. 6: uniformity on x, alignment on y, lower-left is better."""
-    points = {model: (r["analysis"]["uniformity"], r["analysis"]["alignment"])
-              for model, r in results.items() if "alignment" in r.get("analysis", {})}
-    fig = Figure(figsize=(4.8, 4), layout="constrained")
-    ax = fig.add_subplot()
-    for model, (x, y) in points.items():
-        ax.scatter([x], [y], label=model)
-    ax.set_xlim(*_span([x for x, _ in points.values()], 0.1))
-    ax.set_ylim(*_span([y for _, y in points.values()], 0.1))
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_locator(MaxNLocator(4))
-    ax.set_xlabel("uniformity")
-    ax.set_ylabel("alignment")
-    ax.set_title("Alignment and uniformity (lower is better)")
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
-
-
-def _frequent_tokens_figure(results: dict[str, dict], path: Path) -> Path:
-    fig = Figure(figsize=(4.8, 3.6), layout="constrained")
-    ax = fig.add_subplot()
-    ks = set()
-    for model, result in results.items():
-        if "frequent_tokens" in result:
-            ax.plot(result["frequent_tokens"]["ks"], result["frequent_tokens"]["scores"], marker="o", label=model)
-            ks.update(result["frequent_tokens"]["ks"])
-    ax.set_xticks(sorted(ks))
-    ax.set_xlabel("most frequent tokens removed (k)")
-    ax.set_ylabel("average STS")
-    ax.set_title("STS without the most frequent tokens")
-    ax.legend(fontsize=8)
-    return save_figure(fig, path)
-
-
-def _place_figure(source: str | os.PathLike, figure_dir: Path, key: str) -> Path:
-    """A figure already in the report's figures folder is linked where it is (each figure is written
-    once); one from elsewhere is copied in as `{key}.png`."""
-    source = Path(source)
-    if not source.is_file():
-        raise FileNotFoundError(f"figure {source} listed in the results does not exist")
-    if source.parent.resolve() == figure_dir.resolve():
-        return source
-    return atomic_write_bytes(figure_dir / f"{key}.png", source.read_bytes())
 
 
 def model_labels(models: Sequence[str], names: Sequence[str] | None = None) -> list[str]:
@@ -279,7 +189,7 @@ def _transfer_section(results: dict[str, dict], out_dir: Path, written: dict[str
             ),
             "",
         ]
-        written["few_shot"] = _few_shot_figure(results, few_shot, out_dir / "figures" / "few_shot.png")
+        written["few_shot"] = few_shot_figure(results, few_shot, out_dir / "figures" / "few_shot.png")
         lines += [_link("few-shot accuracy", written["few_shot"], out_dir), ""]
     return lines
 
@@ -357,7 +267,7 @@ def _analysis_section(results: dict[str, dict], out_dir: Path, written: dict[str
         ),
         "",
     ]
-    written["alignment_uniformity"] = _alignment_uniformity_figure(
+    written["alignment_uniformity"] = alignment_uniformity_figure(
         results, out_dir / "figures" / "alignment_uniformity.png"
     )
     lines += [_link("alignment and uniformity", written["alignment_uniformity"], out_dir), ""]
@@ -386,7 +296,7 @@ def _analysis_section(results: dict[str, dict], out_dir: Path, written: dict[str
                     row.append(MISSING)
                     continue
                 key = f"{safe_filename(model)}_{kind}"
-                written[key] = _place_figure(analysis["figures"][kind], out_dir / "figures", key)
+                written[key] = place_figure(analysis["figures"][kind], out_dir / "figures", key)
                 row.append(_link(f"{model} {kind}", written[key], out_dir))
             rows.append(row)
         lines += [
@@ -408,7 +318,7 @@ def _frequent_tokens_section(results: dict[str, dict], out_dir: Path, written: d
         return []
     ks = sorted({k for scores in removal.values() for k in scores})
     rows = [[model, *(f"{scores[k]:.2f}" if k in scores else MISSING for k in ks)] for model, scores in removal.items()]
-    written["frequent_tokens"] = _frequent_tokens_figure(results, out_dir / "figures" / "frequent_tokens.png")
+    written["frequent_tokens"] = frequent_tokens_figure(results, out_dir / "figures" / "frequent_tokens.png")
     return [
         "## Removing the most frequent tokens",
         "",

@@ -6,10 +6,11 @@ A Linear+Tanh MLP kept at evaluation (mlp='always') is written into the backbone
 `--pooler cls` on the exported folder (SimCSE's convention) and the sentence-transformers Dense
 module both apply it.
 
-Each method writes its own folder (`SentEmbMethod.write_export`): plain poolers with
-sentence-transformers' own modules (`plain`); methods whose embedding needs our code with one of
-our sentence-transformers modules (`SentEmbSTModule` in `st_module`: `template` for
-PromptBERT/ConPVP, `prefix` for DCPCSE), loaded with `trust_remote_code=True`. Every export
+A method names its writer by `export_format` (`protocol.ExportableMethod`; exports never import the
+methods): plain poolers with sentence-transformers' own modules (`plain`); methods whose embedding
+needs our code with one of our sentence-transformers modules (`SentEmbSTModule` in `st_module`:
+`template` for PromptBERT/ConPVP, `prefix` for DCPCSE), loaded with `trust_remote_code=True`. A
+method of the user's own may write its folder itself (`write_export(folder, adapter_only)`). Every export
 carries a `README.md` model card (`model_card`). A model trained with `matryoshka_dims` records them in
 `config_sentence_transformers.json` (`matryoshka_dims`, beside sentence-transformers' own
 `similarity_fn_name`); `SentenceTransformer(folder, truncate_dim=d)` serves a truncation.
@@ -27,9 +28,10 @@ from .model_card import RunFacts, is_ours, model_card
 from .plain import write_json, write_plain_export, write_pooling_modules
 
 if TYPE_CHECKING:
-    from ..methods.base import SentEmbMethod
+    from .protocol import ExportableMethod
 
-__all__ = ["ExportFolderNotEmptyError", "check_export_folder", "export", "write_plain_export", "write_pooling_modules"]
+__all__ = ["ExportFolderNotEmptyError", "check_export_folder", "export", "write_method_folder", "write_plain_export",
+           "write_pooling_modules"]
 
 
 class ExportFolderNotEmptyError(SentEmbUserError, FileExistsError):
@@ -48,7 +50,7 @@ def check_export_folder(out_dir: str | os.PathLike) -> Path:
 
 
 def export(
-    method: SentEmbMethod,
+    method: ExportableMethod,
     out_dir: str | os.PathLike,
     facts: RunFacts | None = None,
     results: dict[str, Any] | None = None,
@@ -63,12 +65,30 @@ def export(
     out_dir = check_export_folder(out_dir)
     check_exportable(type(method))
     with atomic_directory(out_dir) as staging:
-        method.write_export(staging, adapter_only)
+        write = getattr(method, "write_export", None)  # a user's method that writes its own folder
+        if write is not None:
+            write(staging, adapter_only)
+        else:
+            write_method_folder(method, staging, adapter_only)
         if method.hparams.get("matryoshka_dims"):
             write_json(staging / "config_sentence_transformers.json",
                        {"similarity_fn_name": "cosine", "matryoshka_dims": list(method.hparams.matryoshka_dims)})
         (staging / "README.md").write_text(model_card(method, staging, out_dir.name, facts, results))
     return out_dir
+
+
+def write_method_folder(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:
+    """The folder of the method's `export_format` (the template and prefix writers import
+    sentence-transformers, so they load only when used)."""
+    if method.export_format == "template":
+        from .template import write_template_export as write
+    elif method.export_format == "prefix":
+        from .prefix import write_prefix_export as write
+    elif method.export_format == "plain":
+        write = write_plain_export
+    else:
+        raise ValueError(f"{type(method).__name__}.export_format {method.export_format!r}: not plain, template or prefix")
+    write(method, folder, adapter_only)
 
 
 # What decides a method's embedding at inference: an export written for another class reproduces a
@@ -79,18 +99,18 @@ EMBEDDING_HOOKS = ("build_encoder", "embed", "project", "encode", "encode_batch"
 
 def check_exportable(cls: type) -> None:
     """A method defined outside the package that changes how sentences are embedded (one of
-    `EMBEDDING_HOOKS`) below the class whose `write_export` it inherits would be exported as that
-    class's embedding: refused in one line (an override of `write_export`, even one calling the
-    base's, vouches for the folder). A method that changes only its training (`collate`,
-    `embedding_loss`) exports as its base does, with sentence-transformers' and lightning_sentemb's
-    modules only (its own module is not needed)."""
-    writer = _defining_class(cls, "write_export")
+    `EMBEDDING_HOOKS`) below the class whose `export_format` it inherits would be exported as that
+    class's embedding: refused in one line (its own `write_export`, even one calling
+    `write_method_folder`, or its own `export_format`, vouches for the folder). A method that changes
+    only its training (`collate`, `embedding_loss`) exports as its base does, with
+    sentence-transformers' and lightning_sentemb's modules only (its own module is not needed)."""
+    writer = _defining_class(cls, "write_export") or _defining_class(cls, "export_format")
     below = [c for c in cls.__mro__[: cls.__mro__.index(writer)] if not is_ours(c)]  # ours: export tested
     changed = [hook for hook in EMBEDDING_HOOKS if _defining_class(cls, hook) in below]
     if changed:
         raise SentEmbUserError(
             f"cannot export {cls.__qualname__}: it overrides {', '.join(changed)} (its embedding) and inherits "
-            f"write_export from {writer.__name__}, which writes the embedding of lightning_sentemb's own methods; "
+            f"its export from {writer.__name__}, which writes the embedding of lightning_sentemb's own methods; "
             "override write_export(folder, adapter_only) so that the folder reproduces its encode (docs/extending.md)"
         )
 

@@ -10,7 +10,6 @@ training configuration that matters, the scores, and how to load it.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from ..encoders.pretrained import is_hub_id
 from ..errors import SentEmbUserError
 
 if TYPE_CHECKING:
-    from ..methods.base import SentEmbMethod
+    from .protocol import ExportableMethod
 
 __all__ = ["RunFacts", "model_card", "read_results", "run_facts"]
 
@@ -126,7 +125,7 @@ class RunFacts:
 
 def run_facts(checkpoint_path: str | os.PathLike, trust_checkpoint: bool = False) -> RunFacts:
     """Step, STS-B dev, data arguments and seed of a checkpoint written by `sentemb fit`."""
-    from ..loading import read_checkpoint
+    from ..checkpoint_file import read_checkpoint
 
     checkpoint = read_checkpoint(checkpoint_path, trust_checkpoint=trust_checkpoint, mmap=True)
     dev_score = None
@@ -166,7 +165,7 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def model_card(
-    method: SentEmbMethod, folder: Path, load_name: str, facts: RunFacts | None = None,
+    method: ExportableMethod, folder: Path, load_name: str, facts: RunFacts | None = None,
     results: dict[str, Any] | None = None,
 ) -> str:
     """The model card of the export written in `folder` (its modules.json says how it loads), loaded as
@@ -184,7 +183,7 @@ def model_card(
                  *dict.fromkeys(p.lower() for p in papers)],
         **({"model-index": index} if index else {}),
     }
-    own = _own_arguments(method)
+    own = method.own_hyperparameters()
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).strip(), "---", "",
         f"# {title}", "",
@@ -256,15 +255,7 @@ def _needs_our_code(folder: Path) -> bool:
     return any(not module["type"].startswith("sentence_transformers.") for module in modules)
 
 
-def _own_arguments(method: SentEmbMethod) -> dict[str, Any]:
-    """The method's own hyperparameters: those the shared base does not take."""
-    from ..methods.base import SentEmbMethod
-
-    shared = set(inspect.signature(SentEmbMethod.__init__).parameters)
-    return {k: v for k, v in method.hparams.items() if k not in shared and not k.startswith("_")}
-
-
-def _embedding_lines(method: SentEmbMethod) -> list[str]:
+def _embedding_lines(method: ExportableMethod) -> list[str]:
     hp = method.hparams
     readout = "last token" if method.encoder.family.template_readout == "last" else "mask token"
     pooling = f"the hidden state at the template's {readout}" if hp.pooler == "mask" else f"`{hp.pooler}` pooling"
@@ -283,7 +274,7 @@ def _embedding_lines(method: SentEmbMethod) -> list[str]:
     return lines
 
 
-def _training_lines(method: SentEmbMethod, facts: RunFacts, own: dict[str, Any]) -> list[str]:
+def _training_lines(method: ExportableMethod, facts: RunFacts, own: dict[str, Any]) -> list[str]:
     hp, data = method.hparams, facts.data
     shared = {
         "backbone": hp.backbone, "steps trained": facts.step, "batch size (per device)": data.get("batch_size"),

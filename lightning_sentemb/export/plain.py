@@ -14,7 +14,7 @@ from ..encoders.lora import save_backbone
 from ..errors import SentEmbUserError
 
 if TYPE_CHECKING:
-    from ..methods.base import SentEmbMethod
+    from .protocol import ExportableMethod
 
 ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "last": "lasttoken", "avg": "mean", "avg_first_last": "mean",
               "avg_top2": "mean"}
@@ -26,7 +26,7 @@ def write_json(path: Path, content: dict | list) -> None:
     path.write_text(json.dumps(content, indent=2) + "\n")
 
 
-def _layer_weights(method: SentEmbMethod) -> tuple[int, list[float]] | None:
+def _layer_weights(method: ExportableMethod) -> tuple[int, list[float]] | None:
     """(first layer, weights) for sentence-transformers' WeightedLayerPooling, or None."""
     layers = method.encoder.backbone.config.num_hidden_layers
     if method.hparams.pooler == "avg_first_last":
@@ -37,7 +37,7 @@ def _layer_weights(method: SentEmbMethod) -> tuple[int, list[float]] | None:
     return None
 
 
-def write_plain_export(method: SentEmbMethod, folder: Path, adapter_only: bool = False) -> None:
+def write_plain_export(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:
     """Backbone (LoRA adapters merged, or with `adapter_only` peft's adapter folder), tokenizer and the
     sentence-transformers pooling stack for plain poolers. An adapter folder keeps the base model's
     config, so the per-layer states that WeightedLayerPooling reads are asked for in
@@ -57,7 +57,7 @@ def write_plain_export(method: SentEmbMethod, folder: Path, adapter_only: bool =
     write_pooling_modules(method, folder, modules)
 
 
-def write_pooling_modules(method: SentEmbMethod, folder: Path, modules: list[dict]) -> None:
+def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[dict]) -> None:
     """Append the sentence-transformers modules of the method's pooler (WeightedLayerPooling, Pooling,
     and the evaluation-time MLP as Dense) after the token-embedding module(s) in `modules`, then write
     modules.json. Shared by every export whose first module yields sentence-only token embeddings."""

@@ -9,16 +9,23 @@ weights and the pooling modules, never the backbone. Load it with
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor
 from transformers import AutoModel, AutoTokenizer
 
-from ..encoders.pretrained import load_pretrained
+from ..encoders.lora import has_lora, save_backbone
+from ..encoders.plain import LAYER_POOLERS
 from ..encoders.prefix import PositionOffset, PrefixedBackbone
+from ..encoders.pretrained import load_pretrained
+from .plain import write_pooling_modules
 from .st_module import SentEmbSTModule
 
-__all__ = ["SAME_FOLDER", "PrefixedTransformer"]
+if TYPE_CHECKING:
+    from .protocol import ExportableMethod
+
+__all__ = ["SAME_FOLDER", "PrefixedTransformer", "write_prefix_export"]
 
 # `backbone` of an export that holds its backbone itself (DCPCSE with LoRA: merged, or a peft adapter)
 SAME_FOLDER = "."
@@ -101,3 +108,33 @@ class PrefixedTransformer(SentEmbSTModule):
 def prefix_weights(prefixed: PrefixedBackbone) -> dict[str, Tensor]:
     """What `PrefixedTransformer` saves of a prefixed backbone."""
     return {name: tensor.detach().contiguous() for name, tensor in prefixed.prefix_encoder.state_dict().items()}
+
+
+def write_prefix_export(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:
+    """DCPCSE's folder: `PrefixedTransformer` (prefix weights + backbone reference, no backbone weights),
+    then the pooling stack. Load with `trust_remote_code=True`. With LoRA the backbone is in the folder
+    (merged, or `adapter_only` as peft's adapter) and the reference is the folder itself."""
+    hp = method.hparams
+    reference = backbone_reference(hp.backbone)
+    if adapter_only or has_lora(method.encoder.backbone):
+        save_backbone(method.encoder.backbone, folder, adapter_only)
+        method.tokenizer.save_pretrained(folder)
+        reference = SAME_FOLDER
+    config = {
+        "backbone": reference,
+        "prefix_len": hp.prefix_len,
+        "projection": hp.prefix_projection,
+        "projection_hidden_size": hp.prefix_hidden_size,
+        "position_offset": hp.position_offset,
+        "max_seq_length": method.eval_length,
+        "output_hidden_states": hp.pooler in LAYER_POOLERS,
+    }
+    PrefixedTransformer.write_files(folder, config, prefix_weights(method.encoder.prefixed))
+    write_pooling_modules(method, folder, [PrefixedTransformer.modules_entry()])
+
+
+def backbone_reference(name: str) -> str:
+    """A local folder as an absolute path (an export must not depend on the working directory);
+    hub names and `pkg:` references as they are."""
+    path = Path(name)
+    return str(path.resolve()) if path.is_dir() else name

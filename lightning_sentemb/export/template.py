@@ -21,7 +21,7 @@ from .plain import write_json
 from .st_module import SentEmbSTModule
 
 if TYPE_CHECKING:
-    from ..methods.promptbert import PromptMethod
+    from .protocol import ExportableMethod
 
 
 class TemplateSentenceEncoder(SentEmbSTModule):
@@ -89,7 +89,7 @@ class TemplateSentenceEncoder(SentEmbSTModule):
         return cls(encoder, config["denoise"], config["max_seq_length"], mlp, adapter_only=is_adapter_folder(folder))
 
 
-def write_template_export(method: PromptMethod, folder: Path, adapter_only: bool = False) -> None:
+def write_template_export(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:
     """The method's evaluation-time embedding (template 0, `denoise_test`, MLP if mlp='always')."""
     module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, method.eval_length, method.eval_mlp,
                                      adapter_only)

@@ -28,19 +28,16 @@ Paper / reference (github.com/YJiangcm/DCPCSE, now PromCSE) details, and the cho
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 from transformers import PreTrainedConfig
 
 from ..backbones import UnsupportedBackbone
-from ..encoders.lora import has_lora, save_backbone
 from ..encoders.packed import PADDED, TokenLayout
 from ..encoders.plain import LAYER_POOLERS, Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
 from ..errors import SentEmbUserError
-from ..export import write_pooling_modules
 from ..losses.energy_hinge import InfoNCEHingeLoss
 from .simcse import SimCSE
 
@@ -149,6 +146,8 @@ class DCPCSE(SimCSE):
         **kwargs: see `SimCSE` and `SentEmbMethod`.
     """
 
+    export_format = "prefix"  # `export.prefix.PrefixedTransformer`: the prefix and a reference to the backbone
+
     def __init__(
         self,
         backbone: str,
@@ -180,35 +179,3 @@ class DCPCSE(SimCSE):
     def mlm_weight_at(self, step: int) -> float:
         """λ = mlm_weight · decay_rate^(step / decay_steps): the MLM weight decays exponentially."""
         return self.hparams.mlm_weight * self.hparams.mlm_decay_rate ** (step / self.hparams.mlm_decay_steps)
-
-    def write_export(self, folder: Path, adapter_only: bool = False) -> None:
-        """sentence-transformers folder: `PrefixedTransformer` (prefix weights + backbone reference,
-        no backbone weights), then the pooling stack. Load with `trust_remote_code=True`. With LoRA the
-        backbone is in the folder (merged, or `adapter_only` as peft's adapter) and the reference is the
-        folder itself."""
-        from ..export.prefix import SAME_FOLDER, PrefixedTransformer, prefix_weights
-
-        hp = self.hparams
-        reference = backbone_reference(hp.backbone)
-        if adapter_only or has_lora(self.encoder.backbone):
-            save_backbone(self.encoder.backbone, folder, adapter_only)
-            self.tokenizer.save_pretrained(folder)
-            reference = SAME_FOLDER
-        config = {
-            "backbone": reference,
-            "prefix_len": hp.prefix_len,
-            "projection": hp.prefix_projection,
-            "projection_hidden_size": hp.prefix_hidden_size,
-            "position_offset": hp.position_offset,
-            "max_seq_length": self.eval_length,
-            "output_hidden_states": hp.pooler in LAYER_POOLERS,
-        }
-        PrefixedTransformer.write_files(folder, config, prefix_weights(self.encoder.prefixed))
-        write_pooling_modules(self, folder, [PrefixedTransformer.modules_entry()])
-
-
-def backbone_reference(name: str) -> str:
-    """A local folder as an absolute path (an export must not depend on the working directory);
-    hub names and `pkg:` references as they are."""
-    path = Path(name)
-    return str(path.resolve()) if path.is_dir() else name

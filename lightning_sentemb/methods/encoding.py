@@ -1,0 +1,100 @@
+"""How a trained method embeds raw sentences: `encode` (one process) and `encode_across_ranks` (every
+rank of the process group), under the evaluation autocast. Every evaluator, export check and
+callback goes through these; `SentEmbMethod` exposes them as its methods."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..console import progress_bar
+from ..distributed import gather_strided_rows, world
+from ..encoders.memory import DTYPES
+
+if TYPE_CHECKING:
+    from .base import SentEmbMethod
+
+
+def sentence_features(method: SentEmbMethod, sentences: list[str]) -> dict[str, Tensor]:
+    """Model inputs for raw sentences at evaluation (the method's `features_from_ids`)."""
+    return method.features_from_ids(method.encoder.format.sentence_ids(sentences))
+
+
+def embed_features(method: SentEmbMethod, features: dict[str, Tensor]) -> Tensor:
+    """`embed` of evaluation inputs, moved to the method's device."""
+    return method.embed({k: v.to(method.device, non_blocking=True) for k, v in features.items()})
+
+
+def encode_batch(method: SentEmbMethod, sentences: list[str]) -> Tensor:
+    """Embeddings of one batch of raw sentences, as the module is (no mode switch, no autocast)."""
+    return method.embed_features(method.sentence_features(sentences))
+
+
+def autocast_for(device: torch.device, precision: str) -> torch.autocast:
+    """bf16 autocast on GPUs that support it (fp16 on older ones); on CPU only when asked."""
+    if device.type == "cuda" and precision == "auto":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast("cuda", dtype=dtype)
+    enabled = precision == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
+def eval_autocast(method: SentEmbMethod) -> torch.autocast:
+    """`eval_precision`'s autocast; with a bf16/fp16 backbone, autocast to its dtype (its fp32 heads
+    need it)."""
+    dtype = DTYPES[method.hparams.backbone_dtype]
+    if dtype != torch.float32:
+        return torch.autocast(method.device.type, dtype=dtype)
+    return autocast_for(method.device, method.hparams.eval_precision)
+
+
+@torch.inference_mode()
+def encode(
+    method: SentEmbMethod, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+    label: str = "encode",
+) -> Tensor:
+    """(n, hidden) float32 embeddings on CPU, in the input order; `label` names the progress bar
+    (evaluators pass the task running).
+
+    Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient,
+    autocast per `eval_precision`. Every evaluator calls this.
+    """
+    batch_size = batch_size or method.hparams.eval_batch_size
+    if not sentences:  # a rank's empty share in `encode_across_ranks`
+        return torch.empty(0, method.output_size, dtype=torch.float32)
+    was_training = method.training
+    method.eval()
+    sentence_ids = method.encoder.format.sentence_ids(sentences)
+    order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
+    show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
+    # rows in `order`, copied batch by batch without waiting for the device (pinned memory on a GPU)
+    in_order = torch.empty(len(sentences), method.output_size, dtype=torch.float32,
+                           pin_memory=method.device.type == "cuda")
+    with method.eval_autocast():
+        for start in progress_bar(range(0, len(sentences), batch_size), desc=label, disable=not show):
+            rows = order[start : start + batch_size]
+            features = method.features_from_ids([sentence_ids[i] for i in rows])
+            in_order[start : start + len(rows)].copy_(method.embed_features(features).float(), non_blocking=True)
+    if method.device.type == "cuda":
+        torch.cuda.current_stream(method.device).synchronize()  # the one wait: every copy has landed
+    method.train(was_training)
+    out = torch.empty_like(in_order, pin_memory=False)
+    out[torch.from_numpy(order.copy())] = in_order
+    return out
+
+
+def encode_across_ranks(
+    method: SentEmbMethod, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+    label: str = "encode",
+) -> Tensor:
+    """`encode` with the work shared by every rank of the process group: each encodes every
+    world_size-th sentence and all get the whole (n, hidden) matrix, in the input order. Every rank
+    must call it with the same sentences. One process: exactly `encode`."""
+    rank, world_size = world()
+    if world_size == 1:
+        return method.encode(sentences, batch_size, show_progress, label)
+    share = method.encode(sentences[rank::world_size], batch_size, show_progress if rank == 0 else False, label)
+    return gather_strided_rows(share.to(method.device), len(sentences)).cpu()

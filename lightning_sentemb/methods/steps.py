@@ -1,0 +1,140 @@
+"""The training loop's side of a method: the objective of a step (the method's loss plus the weighted
+MLM loss, in one forward or with gradient caching), the per-batch seeding that makes a resumed run
+draw what the uninterrupted one drew, the optimizer and schedule, and the trainer options a method
+refuses. `SentEmbMethod`'s Lightning hooks are these functions."""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from transformers import get_linear_schedule_with_warmup
+
+from ..data.datamodule import batch_seed
+from ..errors import SentEmbUserError
+from ..losses.mlm import mlm_loss
+from .checkpoint_state import trainable_summary
+
+if TYPE_CHECKING:
+    from .base import SentEmbMethod
+
+
+def step_loss(method: SentEmbMethod, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    """The training objective of one batch in one forward: the method's loss plus the
+    weighted MLM loss when enabled."""
+    loss, logs = method.training_loss(batch)
+    if "mlm" in batch:
+        mlm = batch["mlm"]
+        logits = method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"], mlm["layout"])
+        logs["mlm_loss"] = mlm_loss(logits, mlm["labels"])
+        loss = loss + method.mlm_weight_at(method.global_step) * logs["mlm_loss"]
+    return loss, logs
+
+
+def training_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int) -> Tensor:
+    """`step_loss`, or with `grad_cache_chunk` the whole step by gradient caching (manual optimization:
+    its own backward passes and optimizer step); logs the loss and the method's values."""
+    if method.hparams.grad_cache_chunk:
+        optimizer = method.optimizers()
+        optimizer.zero_grad()
+        no_sync = getattr(method.trainer.strategy, "block_backward_sync", nullcontext)  # DDP-like strategies
+        loss, logs = method.grad_cache_backward(batch, method.manual_backward, no_sync)
+        optimizer.step()
+        method.lr_schedulers().step()
+    else:
+        loss, logs = method.step_loss(batch)
+    # collate may give "batch_size" when its features hold extra rows (e.g. template-bias rows)
+    batch_size = batch.get("batch_size") or batch["features"]["input_ids"].size(0) // batch["num_views"]
+    # not prog_bar: Lightning would read it back every step; `SentEmbProgressBar` shows it at log steps
+    method.log("train/loss", loss, batch_size=batch_size)
+    method.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=batch_size)
+    return loss
+
+
+def seed_batch(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and random from (run seed, rank, epoch, batch): dropout,
+    SimCSE's augmentation, then depends only on where the run is, so a resumed run draws what
+    the uninterrupted one drew, and ranks draw differently."""
+    seed = batch_seed(method.run_seed, method.global_rank, method.current_epoch, batch_idx)
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def on_fit_start(method: SentEmbMethod) -> None:
+    """Log how much trains. Under DDP, no broadcast of the buffers before every forward, a
+    collective per step for nothing: every rank holds the same buffers by construction (the
+    backbone's constant position ids; ClusterNS's centroids, updated from the all-gathered batch
+    and re-broadcast from rank 0 by its K-means callback at log steps)."""
+    rank_zero_info(f"{type(method).__name__}: {trainable_summary(method)}")
+    model = method.trainer.strategy.model
+    if isinstance(model, DistributedDataParallel):
+        model.forward_sync_buffers = False  # torch >= 2.13
+        model.broadcast_buffers = False  # its name before
+
+
+def configure_optimizers(method: SentEmbMethod) -> dict[str, Any]:
+    """AdamW over what trains, linear warm-up then linear decay to 0 over the run's steps."""
+    params = [p for p in method.parameters() if p.requires_grad]
+    hp = method.hparams
+    # fused: one kernel for all parameters, no per-tensor launches (CPU and CUDA alike)
+    optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, fused=True)
+    total = method.trainer.estimated_stepping_batches
+    total = int(total) if math.isfinite(total) else 10**9
+    schedule = get_linear_schedule_with_warmup(optimizer, hp.warmup_steps, total)
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def check_trainer_options(method: SentEmbMethod) -> list:
+    """`configure_callbacks`: no callbacks of its own (ClusterNS adds K-means); refuses trainer options
+    that gradient caching or a low-precision backbone cannot honour, before Lightning's own, less
+    specific, check, and what is refused under FSDP: gradient caching (several forward and backward
+    passes of the backbone within one step, which its DDP path keeps out of the reduction with
+    `no_sync`; under FSDP's gather and reshard per layer this is unverified without a GPU, so refused
+    rather than risked) and 4-bit weights (bitsandbytes' packed tensors do not shard)."""
+    trainer = method._trainer
+    fitting = trainer is not None and trainer.state.fn == "fit"
+    hp = method.hparams
+    if hp.backbone_dtype != "fp32" and fitting and not str(trainer.precision).endswith("-mixed"):
+        dtype = hp.backbone_dtype
+        raise SentEmbUserError(
+            f"model.init_args.backbone_dtype {dtype} keeps the frozen weights in {dtype} and what trains in fp32, "
+            f"which run together under mixed precision: set trainer.precision {'bf16' if dtype == 'bf16' else '16'}"
+            f"-mixed (got {trainer.precision})"
+        )
+    if fitting and isinstance(trainer.strategy, FSDPStrategy):
+        for option in ("grad_cache_chunk", "load_in_4bit"):
+            if hp[option]:
+                raise SentEmbUserError(
+                    f"model.init_args.{option} is not supported under FSDP (trainer.strategy), which shards a "
+                    "backbone that trains whole; train with DDP (docs/training.md: what each strategy supports)"
+                )
+    if hp.grad_cache_chunk and fitting:
+        # Lightning refuses gradient_clip_val under manual optimization; the method clips itself
+        # (`clip_cached_gradients`), so it takes the setting over before Lightning's check.
+        method.manual_gradient_clip = (trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        trainer.gradient_clip_val = None
+        if trainer.accumulate_grad_batches != 1:
+            raise SentEmbUserError(
+                f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches} with "
+                "model.init_args.grad_cache_chunk > 0: accumulation does not add negatives; raise "
+                "data.batch_size instead (caching keeps its memory to one chunk)"
+            )
+    return []
+
+
+def clip_cached_gradients(method: SentEmbMethod, optimizer: torch.optim.Optimizer) -> None:
+    """`on_before_optimizer_step`: gradient caching steps the optimizer itself, where Lightning does not
+    clip: the trainer's `gradient_clip_val` / `gradient_clip_algorithm` apply here, where automatic
+    optimization clips (after DDP's gradient all-reduce and fp16's unscaling, before the step)."""
+    clip_val, algorithm = method.manual_gradient_clip
+    if clip_val:
+        method.clip_gradients(optimizer, gradient_clip_val=clip_val, gradient_clip_algorithm=algorithm)

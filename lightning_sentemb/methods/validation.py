@@ -1,0 +1,102 @@
+"""STS validation and test inside a run (`validation_step` / `test_step` and their epoch ends) and the
+DataModule's other evaluators, run on every rank with the work shared (`encode_across_ranks`).
+`SentEmbMethod`'s Lightning hooks call these."""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
+from ..evaluation.sts import StsSpearman, format_table
+from ..evaluation.suite import evaluate_suite, headline_scores
+from ..matryoshka import truncate
+
+if TYPE_CHECKING:
+    from .base import SentEmbMethod
+
+
+def sts_metrics(aggregation: str) -> nn.ModuleDict:
+    """One streaming Spearman metric per STS task (test) and dev task (validation)."""
+    return nn.ModuleDict({
+        task.replace(".", "_"): StsSpearman(STS_SUBSETS.get(task, (task,)), aggregation) for task in STS_TASKS + DEV_TASKS
+    })
+
+
+def sts_step(method: SentEmbMethod, batch: dict[str, Any], dim: int | None = None) -> None:
+    """Cosines of a batch of STS pairs into the task's metric; on the first `dim` dimensions when given."""
+    n = len(batch["first"])
+    embeddings = method.encode_batch(batch["first"] + batch["second"])
+    if dim is not None:
+        embeddings = truncate(embeddings, dim)
+    cosines = torch.nn.functional.cosine_similarity(embeddings[:n].float(), embeddings[n:].float(), dim=-1)
+    method.sts_metrics[batch["task"].replace(".", "_")].update(batch["index"], cosines, batch["gold"], batch["subset"])
+
+
+def validation_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+    """STS dev, on the first `matryoshka_eval_dim` dimensions when set (what selects `best.ckpt`)."""
+    sts_step(method, batch, method.hparams.matryoshka_eval_dim)
+
+
+def test_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+    """STS test on every dimension."""
+    sts_step(method, batch)
+
+
+def log_sts(method: SentEmbMethod, stage: str) -> dict[str, float]:
+    """The stage's STS scores (and their average), logged and returned; the metrics are reset."""
+    datamodule = method.trainer.datamodule
+    scores = {}
+    for task in datamodule.val_tasks if stage == "val" else datamodule.test_tasks:
+        metric = method.sts_metrics[task.replace(".", "_")]
+        scores[task] = float(metric.compute())
+        metric.reset()
+    if len(scores) > 1:
+        scores["avg"] = float(np.mean(list(scores.values())))
+    method.log_dict({f"{stage}/{k}": v for k, v in scores.items()}, sync_dist=False)
+    return scores
+
+
+def run_extra_evaluators(method: SentEmbMethod, stage: str) -> None:
+    """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
+    rank: each encodes its share of the sentences (`encode_across_ranks`), and every rank scores the
+    gathered embeddings itself, so no rank waits on another's long work (a collective pending through
+    minutes of scoring could outlast the process group's timeout). The scoring is deterministic and
+    its inputs identical on every rank: so are the results, which rank 0 logs (and plots)."""
+    trainer = method.trainer
+    datamodule = trainer.datamodule
+    names = list(getattr(datamodule, f"{stage}_evaluators", ()))
+    if not names:
+        return
+    figures = Path(trainer.default_root_dir) / "figures" / f"{stage}-step{method.global_step}"
+    with nullcontext(figures) if trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
+        results = evaluate_suite(method.encode_across_ranks, names, datamodule.data_dir, figure_dir,
+                                 name=type(method).__name__)
+    metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
+    if trainer.is_global_zero:
+        for logger in method.loggers:
+            logger.log_metrics(metrics, step=method.global_step)
+
+
+def on_validation_epoch_end(method: SentEmbMethod) -> None:
+    """Log STS dev and the other evaluators; the sanity check's scores are dropped."""
+    if method.trainer.sanity_checking:
+        for metric in method.sts_metrics.values():
+            metric.reset()
+        return
+    log_sts(method, "val")
+    run_extra_evaluators(method, "val")
+
+
+def on_test_epoch_end(method: SentEmbMethod) -> None:
+    """Log the STS test scores (kept as `test_results`) and the other evaluators; rank 0 prints the table."""
+    method.test_results = log_sts(method, "test")
+    run_extra_evaluators(method, "test")
+    if method.trainer.is_global_zero:
+        print("\n" + format_table({type(method).__name__: method.test_results}), flush=True)

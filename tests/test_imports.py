@@ -1,0 +1,120 @@
+"""The package's modules import one way (data → encoders → losses → methods → evaluation / export →
+CLI): no import circle.
+
+Read from the source with `ast`, without importing anything. What counts as an import:
+- every `import` / `from … import` statement, at module level AND inside functions: a lazy import
+  only postpones the circle to the first call (and hides it from a module-level check);
+- importing `a.b.c` also runs the packages `a.b` above it (their `__init__`), so those count too;
+- imports under `if TYPE_CHECKING:` do not count: they never run (annotations only).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import lightning_sentemb
+
+PACKAGE = Path(lightning_sentemb.__file__).parent
+NAME = PACKAGE.name
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for statement in node.body for n in ast.walk(statement))
+    return skipped
+
+
+def imports_of(name: str, path: Path, is_package: bool, known: dict) -> set[str]:
+    """The package's modules that importing (or calling into) `name` runs."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_checking_nodes(tree)
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    targets = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(here[: len(here) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
+                else node.module or ""
+            # `from pkg import sub` imports the module pkg.sub; `from mod import name` imports mod
+            targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names)
+    ran = set()
+    for target in targets:
+        if not (target == NAME or target.startswith(NAME + ".")):
+            continue
+        while target not in known:
+            target = target.rpartition(".")[0]
+        parts = target.split(".")
+        ran.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))  # the packages above run too
+    # a module's own packages are already running when it runs
+    return {m for m in ran if m != name and not name.startswith(m + ".")}
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, is_package, known) for name, (path, is_package) in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as [a, b, …, a], or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " → ".join(cycle)
+
+
+def test_the_checker_finds_a_lazy_cycle_and_ignores_type_checking() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    # a function-level import counts; one under TYPE_CHECKING does not (`export` reads methods through a
+    # protocol, and the methods' hooks name `SentEmbMethod` in annotations only)
+    graph = import_graph()
+    assert "lightning_sentemb.methods.base" in graph["lightning_sentemb.loading"]
+    assert not any(m.startswith("lightning_sentemb.methods") for m in graph["lightning_sentemb.export.model_card"])
+    assert "lightning_sentemb.checkpoint_file" in graph["lightning_sentemb.console"]  # a lazy import inside fit_summary
+
+
+def test_exports_and_checkpoint_reading_sit_below_the_methods() -> None:
+    """Exports take a method through `export.protocol.ExportableMethod`; the console and the checkpoint
+    reader never import what builds methods."""
+    graph = import_graph()
+    for name, imported in graph.items():
+        if name.startswith(("lightning_sentemb.export", "lightning_sentemb.console", "lightning_sentemb.checkpoint_file")):
+            above = {m for m in imported if m.startswith(("lightning_sentemb.methods", "lightning_sentemb.loading"))}
+            assert not above, f"{name} imports {sorted(above)}"
