@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .commands import TRUST_HELP, ArgumentParser
 from .commands.evaluate import evaluate, evaluate_parser
+from .commands.mine import add_mine_parser
 from .data.paths import DATA_DIR_HELP, default_cache_dir
 from .errors import SentEmbUserError
 
@@ -49,7 +50,7 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
 Tools:
   evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
   export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
-  data        download the data sets, or check what a data directory holds
+  data        download the data sets, check what a data directory holds, mine hard negatives
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
   reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`)
 
@@ -106,12 +107,18 @@ def data_parser() -> ArgumentParser:
     check.add_argument("--require", default="sts",
                        help="comma-separated groups that must be complete for exit status 0: "
                             "sts,transfer,cluster,wiki1m,nli or all (default sts: what every fit needs)")
+    add_mine_parser(sub)
     return parser
 
 
 def data(options: argparse.Namespace) -> None:
     from .data.download import CHECK_GROUPS, check_data_dir, download
 
+    if options.action == "mine":
+        from .mining import mine_command
+
+        mine_command(options)
+        return
     if options.action == "download":
         download(options.to, options.what.split(","))
         return

@@ -1,17 +1,18 @@
 """All-gather that keeps gradients, so in-batch negatives are the global batch under DDP; the
-all-gather of evaluation embeddings; rank 0's state on every rank; when the host may read the device;
-FSDP by transformer layer."""
+all-gather of evaluation embeddings; rank 0's state and decisions on every rank; when the host may read the device."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import os
+import socket
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
-from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from torch import Tensor
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 
 def world() -> tuple[int, int]:
@@ -70,36 +71,53 @@ def at_decision_step(trainer: Any) -> bool:
     return trainer.log_every_n_steps <= 0 or trainer.global_step % trainer.log_every_n_steps == 0
 
 
-class LayerFSDPStrategy(FSDPStrategy):
-    """Lightning's `FSDPStrategy` with one FSDP unit per transformer layer of any backbone: every
-    transformers layer (BertLayer, LlamaDecoderLayer, Qwen2DecoderLayer, ModernBertEncoderLayer, ...) is a
-    `GradientCheckpointingLayer`, so one class names them all (a config file cannot give Lightning's
-    `auto_wrap_policy` a set of classes). The embeddings, the final norm and the method's own heads stay
-    in the root unit. The ranks start from rank 0's weights (`sync_module_states`). Registered as
-    `trainer.strategy: fsdp_layers` (defaults below).
-
-    Args:
-        checkpoint_layers: recompute each layer's activations in backward (FSDP's activation
-            checkpointing; leave `model.init_args.gradient_checkpointing` off with it).
-        sharding_strategy, state_dict_type, cpu_offload: Lightning's (`full`: checkpoints gathered into one
-            file on rank 0, read like any other).
-    """
-
-    def __init__(
-        self,
-        checkpoint_layers: bool = True,
-        sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = "FULL_SHARD",
-        state_dict_type: Literal["full", "sharded"] = "full",
-        cpu_offload: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        layers = {GradientCheckpointingLayer}
-        # every rank loads the weights itself; rank 0's go to all (a head the checkpoint lacks starts random)
-        kwargs.setdefault("sync_module_states", True)
-        super().__init__(auto_wrap_policy=layers, activation_checkpointing_policy=layers if checkpoint_layers else None,
-                         sharding_strategy=sharding_strategy, state_dict_type=state_dict_type, cpu_offload=cpu_offload,
-                         **kwargs)
+# rank 0's decision, inherited by the processes Lightning's own launcher starts (they re-run the command)
+INHERITED_DECISION = "SENTEMB_RANK_ZERO_DECISION"
 
 
-StrategyRegistry.register("fsdp_layers", LayerFSDPStrategy, "FSDP, one unit per transformer layer (lightning_sentemb)",
-                          override=True)
+def decided_by_rank_zero(decision: str, timeout: timedelta = timedelta(minutes=10)) -> str:
+    """Rank 0's `decision` on every process, also before the trainer has a process group (the CLI decides
+    what to resume from before it builds the trainer). Through the process group where there is one; where
+    the processes were launched outside (torchrun, SLURM's srun), through a store on the address and port
+    the process group will use, closed before the trainer opens it; under Lightning's own launcher, rank 0
+    decides and the processes it starts inherit its decision by the environment. One process: `decision`."""
+    if dist.is_available() and dist.is_initialized():
+        shared = [decision]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
+    environment = external_launch()
+    if environment is not None:
+        return _through_store(decision, environment, timeout)
+    if "LOCAL_RANK" in os.environ and INHERITED_DECISION in os.environ:  # started by rank 0
+        return os.environ[INHERITED_DECISION]
+    os.environ[INHERITED_DECISION] = decision  # for the processes this one may start
+    return decision
+
+
+def external_launch() -> ClusterEnvironment | None:
+    """The cluster environment of processes started outside Lightning (torchrun, srun), several of them;
+    None otherwise."""
+    for kind in (TorchElasticEnvironment, SLURMEnvironment):
+        if kind.detect():
+            environment = kind()
+            return environment if environment.world_size() > 1 else None
+    return None
+
+
+def _through_store(decision: str, environment: ClusterEnvironment, timeout: timedelta) -> str:
+    """Rank 0 writes its decision to a TCP store it serves; the others read it and say so; rank 0 closes the
+    store once all have read, freeing the port for the trainer's process group. The others return only once
+    it is closed (a connection of theirs to it ends), so none joins the trainer's group through it."""
+    rank, size = environment.global_rank(), environment.world_size()
+    address, port = environment.main_address, environment.main_port
+    store = dist.TCPStore(address, port, size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    if rank == 0:
+        store.set("decision", decision)
+        store.wait([f"read-{other}" for other in range(1, size)])
+        del store
+        return decision
+    decision = store.get("decision").decode()
+    with socket.create_connection((address, port), timeout=timeout.total_seconds()) as watch:
+        store.set(f"read-{rank}", "1")
+        watch.recv(1)  # b"" once rank 0 has closed the store
+    return decision

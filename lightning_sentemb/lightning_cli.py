@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +22,7 @@ from .callbacks.checkpointing import AtomicCheckpointIO, SentEmbCheckpoint, Trai
 from .config_errors import config_files_in, describe_parse_error
 from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
+from .distributed import decided_by_rank_zero
 from .errors import SentEmbUserError
 from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .loggers import LoggerIds, LogFullConfig, default_loggers, resumed_run, silence_known_noise
@@ -134,21 +135,10 @@ class SentEmbCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
     def _resolve_last(self) -> None:
-        """`--ckpt_path last`: `<default_root_dir>/checkpoints/last.ckpt`, in any process. A fit with
-        no checkpoint at all there starts from step 0 (so a requeued job can always pass it)."""
+        """`--ckpt_path last` (`resolve_last`)."""
         config = self.config_init[self.subcommand]
-        if config.get("ckpt_path") != "last":
-            return
-        callback = self.run_checkpoint
-        last = callback.last_path
-        if last.exists():
-            config["ckpt_path"] = str(last)
-        elif self.subcommand == "fit" and not list(Path(callback.dirpath).glob("*.ckpt")):
-            rank_zero_info(f"--ckpt_path last: no checkpoint in {callback.dirpath} yet, starting from step 0")
-            config["ckpt_path"] = None
-        else:
-            raise SentEmbUserError(f"--ckpt_path last: {last} does not exist; run `sentemb fit` with this config "
-                                   "(and --trainer.default_root_dir) first")
+        if config.get("ckpt_path") == "last":
+            config["ckpt_path"] = resolve_last(self.subcommand, self.run_checkpoint, decided_by_rank_zero)
 
     def _refuse_stale_checkpoints(self) -> None:
         """A new fit never leaves an earlier run's checkpoints looking like its own."""
@@ -192,6 +182,28 @@ class SentEmbCLI(LightningCLI):
 
     def before_validate(self) -> None:
         self._resolve_best()
+
+
+def resolve_last(subcommand: str, callback: SentEmbCheckpoint, agree: Callable[[str], str]) -> str | None:
+    """`--ckpt_path last`: `<default_root_dir>/checkpoints/last.ckpt`. A fit with no checkpoint at all there
+    starts from step 0 (so a requeued job can always pass it). Rank 0 looks and the ranks take its answer
+    (`agree`: `distributed.decided_by_rank_zero`): on a shared filesystem they can see different files, and
+    ranks that resumed beside ranks that started afresh would wait for each other forever."""
+    last = callback.last_path
+    if last.exists():
+        seen = "last"
+    elif subcommand == "fit" and not list(Path(callback.dirpath).glob("*.ckpt")):
+        seen = "none"
+    else:
+        seen = "missing"
+    seen = agree(seen)
+    if seen == "last":
+        return str(last)
+    if seen == "none":
+        rank_zero_info(f"--ckpt_path last: no checkpoint in {callback.dirpath} yet, starting from step 0")
+        return None
+    raise SentEmbUserError(f"--ckpt_path last: {last} does not exist; run `sentemb fit` with this config "
+                           "(and --trainer.default_root_dir) first")
 
 
 def lightning_main(args: list[str] | None, callbacks: Sequence[Callback] = ()) -> SentEmbCLI:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -15,7 +19,7 @@ from .methods.simcse import SimCSE
 from .user_code import add_user_folders, missing_module_error
 
 # read here for `load_method`; re-exported for code that imported them from `loading`
-__all__ = ["SAFE_GLOBALS", "load_method", "method_class", "read_checkpoint"]
+__all__ = ["SAFE_GLOBALS", "Embedder", "load_embedder", "load_method", "method_class", "read_checkpoint"]
 
 
 def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
@@ -61,3 +65,52 @@ def load_method(
         raise SentEmbUserError(f"--pooler cls: {path} has no pooler layer, so 'cls' is undefined; use cls_before_pooler")
     method.mlp[0].load_state_dict(backbone_pooler.dense.state_dict())
     return method
+
+
+@dataclass
+class Embedder:
+    """Any model as one function: `encode(sentences, batch_size=None, show_progress=None, label="encode")`
+    → (n, `size`) float32 embeddings on CPU in the input order, `SentEmbMethod.encode`'s signature.
+    What `sentemb evaluate`, MTEB (`evaluation.mteb`) and `sentemb data mine` call."""
+
+    encode: Callable[..., torch.Tensor]
+    size: int
+
+
+def is_our_export(path: str) -> bool:
+    """A `sentemb export` folder whose first module is ours (a template or a prefix): only
+    sentence-transformers with that module reproduces its embedding; `SimCSE(path)` would drop it."""
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return False
+    entries = json.loads(modules.read_text())
+    return bool(entries) and entries[0].get("type", "").startswith("lightning_sentemb.")
+
+
+def load_embedder(
+    path: str, pooler: str | None = None, device: str = "cpu", batch_size: int | None = None,
+    trust_checkpoint: bool = False, eval_precision: str = "auto", **overrides,
+) -> Embedder:
+    """The embedding of a checkpoint, HF folder, hub name or `pkg:` model (`load_method`, with
+    `pooler`), or of an export of a prompt or prefix method (through sentence-transformers, which runs
+    the export's own module; `pooler` given means the bare backbone instead). `batch_size` is the
+    default of `encode`; `overrides` go to `load_method` (e.g. `template`)."""
+    if pooler is None and not overrides and is_our_export(path):
+        from sentence_transformers import SentenceTransformer
+
+        model = SentenceTransformer(path, device=device, trust_remote_code=True)
+
+        def encode_export(sentences: list[str], batch_size: int | None = batch_size,
+                          show_progress: bool | None = None, label: str = "encode") -> torch.Tensor:
+            return model.encode(list(sentences), batch_size=batch_size or 32, convert_to_tensor=True,
+                                show_progress_bar=bool(show_progress)).float().cpu()
+
+        return Embedder(encode_export, model.get_embedding_dimension())
+    method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,
+                         **overrides).to(device)
+
+    def encode(sentences: list[str], batch_size: int | None = batch_size, show_progress: bool | None = None,
+               label: str = "encode") -> torch.Tensor:
+        return method.encode(list(sentences), batch_size, show_progress, label)
+
+    return Embedder(encode, method.output_size)

@@ -12,7 +12,7 @@ from lightning.pytorch import Trainer
 from peft.tuners.lora import LoraLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from lightning_sentemb.distributed import LayerFSDPStrategy
+from lightning_sentemb.fsdp import LayerFSDPStrategy, mixed_precision_policy, shard_by_layer
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCPCSE, SimCSE
 from lightning_sentemb.methods.base import backbone_weights_in_configure_model
@@ -97,21 +97,34 @@ def test_a_cli_fit_loads_the_backbone_in_configure_model(tiny_bert, sts_fixture,
     assert seen == [True, False]
 
 
-def test_fsdp_wraps_every_transformer_layer_of_each_family(tiny_bert, tiny_qwen2, tiny_modernbert):
-    """One FSDP unit per layer (the root is one too), activations checkpointed on the same layers. FSDP refuses
-    the CPU, so this checks the strategy and its policy, not a training step."""
+def shard_worker(rank: int, init_file: str, backbones: list[str]) -> None:
+    """One FSDP unit per transformer layer, one root per child of the method holding parameters; parameter
+    names unchanged (no wrapper prefix); bf16-mixed: bf16 compute, fp32 reduction and sharded parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    mesh = init_device_mesh("cpu", (2,))
+    for backbone in backbones:
+        method = SimCSE(backbone)
+        names = [name for name, _ in method.named_parameters()]
+        shard_by_layer(method, mesh, mixed_precision_policy("bf16-mixed"))
+        units = {module for module in method.modules() if isinstance(module, FSDPModule)}
+        layers = {module for module in method.modules() if isinstance(module, GradientCheckpointingLayer)}
+        assert layers and units == layers | {method.encoder, method.mlp}
+        assert [name for name, _ in method.named_parameters()] == names
+        assert all(p.dtype == torch.float32 for p in method.parameters())
+        policy = method.encoder._get_fsdp_state()._mp_policy
+        assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    torch.distributed.destroy_process_group()
+
+
+def test_fsdp_wraps_every_transformer_layer_of_each_family(tiny_bert, tiny_qwen2, tiny_modernbert, tmp_path):
     strategy = Trainer(strategy="fsdp_layers", accelerator="cpu", devices=2, logger=False,
                        enable_checkpointing=False).strategy  # the preset's name
     assert isinstance(strategy, LayerFSDPStrategy)
-    checkpointed = strategy._activation_checkpointing_kwargs["auto_wrap_policy"]
-    for backbone, layers in ((tiny_bert, "encoder.backbone.encoder.layer"), (tiny_qwen2, "encoder.backbone.layers"),
-                             (tiny_modernbert, "encoder.backbone.layers")):
-        method = SimCSE(backbone)
-        expected = list(method.get_submodule(layers))
-        assert expected and all(isinstance(layer, GradientCheckpointingLayer) for layer in expected)
-        assert set(strategy.kwargs["auto_wrap_policy"]._run_policy(method, set(), {})) == set(expected)
-        assert set(checkpointed._run_policy(method, set(), {})) == set(expected)
-    assert strategy.kwargs["sync_module_states"] and strategy.kwargs["use_orig_params"]
+    torch.multiprocessing.spawn(shard_worker, args=(str(tmp_path / "init"), [tiny_bert, tiny_qwen2, tiny_modernbert]),
+                                nprocs=2, join=True)
 
 
 @pytest.mark.parametrize("option", ["grad_cache_chunk", "load_in_4bit"])

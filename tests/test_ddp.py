@@ -1,13 +1,15 @@
 """Two CPU processes (gloo): SimCSE's global-negative loss and gradients equal the single-process
-loss on the same global batch."""
+loss on the same global batch, also with a guide (its embeddings gathered as the model's)."""
 
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+import pytest
 import torch.multiprocessing as mp
 
 from lightning_sentemb.losses.info_nce import InfoNCELoss
+from lightning_sentemb.methods.guide import Guide
 from lightning_sentemb.methods.simcse import SimCSE
 
 GLOBAL_BATCH, DIM, WORLD = 8, 6, 2
@@ -23,21 +25,26 @@ def make_inputs():
     return views, layer
 
 
-def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear):
-    """Run SimCSE.embedding_loss on a linear layer over precomputed view inputs."""
-    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05, 0.7))
-    loss, _ = SimCSE.embedding_loss(stub, layer(views.flatten(0, 1)), {"num_views": views.size(0)})
+def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear, guided: bool = False):
+    """Run SimCSE.embedding_loss on a linear layer over precomputed view inputs; `guided`: a guide
+    (its own view of the same rows) drops the negatives it scores within 0.3 of the positive: about a
+    fifth, across ranks too."""
+    guide = Guide({"model": "stub", "margin": 0.3, "margin_strategy": "absolute"}) if guided else None
+    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05, 0.7), guide=guide)
+    guide_rows = torch.stack([views[0], views[0] + views[1], views[2]])  # the guide sees the positives near
+    batch = {"num_views": views.size(0), "guide_rows": guide_rows.flatten(0, 1)}
+    loss, logs = SimCSE.embedding_loss(stub, layer(views.flatten(0, 1)), batch)
     layer.zero_grad()
     loss.backward()
-    return loss.detach(), layer.weight.grad.clone()
+    return loss.detach(), layer.weight.grad.clone(), logs
 
 
-def worker(rank: int, init_file: str, out_file: str) -> None:
+def worker(rank: int, init_file: str, out_file: str, guided: bool) -> None:
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), as DataLoader workers
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     views, layer = make_inputs()
     local = views[:, rank * GLOBAL_BATCH // WORLD : (rank + 1) * GLOBAL_BATCH // WORLD]
-    loss, grad = loss_and_grad(local, layer)
+    loss, grad, _ = loss_and_grad(local, layer, guided)
     for tensor in (loss, grad):  # what DDP does: average across ranks
         dist.all_reduce(tensor)
         tensor /= WORLD
@@ -46,16 +53,20 @@ def worker(rank: int, init_file: str, out_file: str) -> None:
     dist.destroy_process_group()
 
 
-def test_global_negatives_match_single_process(tmp_path):
+@pytest.mark.parametrize("guided", [False, True])
+def test_global_negatives_match_single_process(guided, tmp_path):
     # fork: the ranks start with this process's imports (spawn re-imports torch and transformers in each,
     # most of the test's time)
-    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt")), nprocs=WORLD, join=True,
-                       start_method="fork")
+    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt"), guided), nprocs=WORLD,
+                       join=True, start_method="fork")
     distributed = torch.load(tmp_path / "out.pt")
     views, layer = make_inputs()
-    loss, grad = loss_and_grad(views, layer)
+    loss, grad, logs = loss_and_grad(views, layer, guided)
     assert torch.allclose(distributed["loss"], loss, atol=1e-6)
     assert torch.allclose(distributed["grad"], grad, atol=1e-5)
     # and the local-only loss (no gathering) would differ: the test can fail
-    local_loss, _ = loss_and_grad(views[:, : GLOBAL_BATCH // WORLD], layer)
+    local_loss, _, _ = loss_and_grad(views[:, : GLOBAL_BATCH // WORLD], layer, guided)
     assert not torch.allclose(local_loss, loss, atol=1e-3)
+    if guided:  # the guide drops some negatives, not all: the guided and plain losses differ
+        assert 0 < float(logs["guide/masked_fraction"]) < 0.5
+        assert not torch.allclose(loss_and_grad(views, layer)[0], loss, atol=1e-3)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightning_sentemb.distributed import gather_strided_rows
+from lightning_sentemb.evaluation.across_ranks import assign_tasks
 from lightning_sentemb.methods.simcse import SimCSE
 from tests.conftest import write_sts_fixture
 from tests.evaluation.conftest import write_clustering_fixture, write_transfer_fixture
@@ -106,3 +107,11 @@ def test_validation_with_extra_evaluators_scores_the_same_on_two_processes(tiny_
     assert one.keys() == two.keys()
     for key, value in one.items():
         assert two[key] == pytest.approx(value, abs=1e-3), key
+
+
+def test_each_rank_scores_its_share_of_the_tasks_largest_first():
+    sizes = {"transfer/MR": 100, "transfer/CR": 40, "cluster/AgNews": 70, "cluster/Tweet": 30, "transfer/SUBJ": 10}
+    # MR to rank 0 (100), AgNews to 1 (70), CR to 1 (110), Tweet to 0 (130), SUBJ to 1 (120)
+    assert assign_tasks(sizes, 2) == [["transfer/MR", "cluster/Tweet"], ["cluster/AgNews", "transfer/CR", "transfer/SUBJ"]]
+    assert assign_tasks(sizes, 1) == [sorted(sizes, key=lambda t: -sizes[t])]
+    assert assign_tasks({"cluster/Tweet": 5}, 3) == [["cluster/Tweet"], [], []]  # a rank may score nothing

@@ -35,6 +35,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from ..atomic_io import atomic_write
 from ..distributed import at_decision_step
@@ -75,9 +76,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_write(path, lambda file: torch.save(kept, file))
 
 
-def _finite_weights(module: LightningModule) -> bool:
-    """Every parameter finite, read back once (not once per tensor)."""
-    return bool(torch.stack([torch.isfinite(p).all() for p in module.parameters()]).all())
+def _finite_weights(trainer: Trainer) -> bool:
+    """Every parameter finite on every rank, read back once (not once per tensor). Under FSDP each rank
+    holds a shard (a DTensor's local part): the ranks decide together (one all-reduce), so all save or
+    none does (a rank that skipped would leave the others waiting in the checkpoint's collectives)."""
+    shards = [p.to_local() if isinstance(p, DTensor) else p for p in trainer.lightning_module.parameters()]
+    finite = bool(torch.stack([torch.isfinite(p).all() for p in shards if p.numel()] or [torch.tensor(True)]).all())
+    return trainer.strategy.reduce_boolean_decision(finite, all=True)
 
 
 class GuardedCheckpoint(ModelCheckpoint):
@@ -87,7 +92,7 @@ class GuardedCheckpoint(ModelCheckpoint):
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         check_guards(trainer)
-        if not _finite_weights(trainer.lightning_module):
+        if not _finite_weights(trainer):
             rank_zero_warn(f"{filepath} not written at step {trainer.global_step}: the weights are not finite")
             return
         super()._save_checkpoint(trainer, filepath)
@@ -154,7 +159,7 @@ class SentEmbCheckpoint(GuardedCheckpoint):
         if trainer.sanity_checking or self._last_saved_step == trainer.global_step:
             return
         check_guards(trainer)
-        if not _finite_weights(pl_module):
+        if not _finite_weights(trainer):
             rank_zero_warn(f"last.ckpt not written at step {trainer.global_step}: the weights are not finite")
             return
         trainer.save_checkpoint(self.last_path, weights_only=False)  # full state: a resume needs it

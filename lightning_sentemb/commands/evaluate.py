@@ -4,7 +4,6 @@ after each evaluator (a later failure or Ctrl-C keeps what finished), and a repo
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,11 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--template", default=None,
                         help="for HF folders: echo (echo embeddings: the sentence twice, pooled over the second copy), "
                              "or echo wording with [X] twice")
-    parser.add_argument("--tasks", default="sts", help=f"comma-separated evaluators: {','.join(EVALUATORS)}")
+    parser.add_argument("--tasks", default=None, help=f"comma-separated evaluators: {','.join(EVALUATORS)} "
+                        "(default sts, none when --mteb is given)")
+    parser.add_argument("--mteb", default=None, metavar="TASKS",
+                        help="MTEB tasks (STSBenchmark,STS12) or a benchmark name (\"MTEB(eng, v2)\"), run by the `mteb` "
+                             "package on the same encoding; mteb's main score per task (×100) in the results")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None,
                         help="FILE.json: the results as JSON; a folder: results.json + report.md + figures/. "
@@ -61,7 +64,7 @@ def parse_dims(text: str) -> list[int]:
 def evaluate(options: argparse.Namespace) -> None:
     from ..evaluation import parse_evaluators
 
-    evaluators = parse_evaluators(options.tasks)  # before the imports: a typo costs no seconds
+    evaluators = parse_evaluators(options.tasks or ("" if options.mteb else "sts"))  # a typo costs no seconds
     if options.max_examples is not None and options.max_examples < 1:
         raise SentEmbUserError(f"--max-examples {options.max_examples}: give a positive number of examples")
 
@@ -69,7 +72,7 @@ def evaluate(options: argparse.Namespace) -> None:
     from ..evaluation.report import encode_results, model_labels, write_report
     from ..evaluation.sts import format_table
     from ..evaluation.suite import SuitePlan, evaluate_suite
-    from ..loading import load_method
+    from ..loading import Embedder, load_embedder
     from ..loggers import silence_known_noise
     from ..matryoshka import check_dims, memoized, truncated
 
@@ -79,7 +82,9 @@ def evaluate(options: argparse.Namespace) -> None:
     if results_file is not None:
         check_writable(results_file, "--output")
     plan = SuitePlan.load(evaluators, options.data_dir, options.max_examples)  # missing data: before any model loads
-    print(plan.describe() + f"\n  for {len(options.model)} model(s)", flush=True)
+    mteb_tasks = mteb_plan(options.mteb)
+    if evaluators:
+        print(plan.describe() + f"\n  for {len(options.model)} model(s)", flush=True)
     device = options.device or ("cuda" if _cuda() else "cpu")
     results: dict[str, dict] = {}
 
@@ -93,21 +98,27 @@ def evaluate(options: argparse.Namespace) -> None:
     try:
         for index, (model, label) in enumerate(zip(options.model, model_labels(options.model, options.name))):
             template = {} if options.template is None else {"template": options.template}
-            method = load_method(model, options.pooler, trust_checkpoint=options.trust_checkpoint,
-                                 eval_precision=options.precision, **template).to(device)
-            encode = functools.partial(method.encode, batch_size=options.batch_size)
-            if index == 0:
+            embedder = load_embedder(model, options.pooler, device, options.batch_size, options.trust_checkpoint,
+                                     options.precision, **template)
+            encode = embedder.encode
+            if index == 0 and evaluators:
                 print(encoding_estimate(encode, plan, options.batch_size, len(options.model)), flush=True)
             if options.dims:  # every truncation reads the one encoding of each sentence list
-                check_dims(options.dims, method.output_size, "--dims")
+                check_dims(options.dims, embedder.size, "--dims")
                 encode = memoized(encode)
             for dim in [None, *(options.dims or ())]:
                 name = label if dim is None else f"{label} @{dim}"
-                evaluate_suite(
-                    encode if dim is None else truncated(encode, dim), plan, options.data_dir,
+                served = Embedder(encode, embedder.size) if dim is None else Embedder(truncated(encode, dim), dim)
+                suite_results = evaluate_suite(
+                    served.encode, plan, options.data_dir,
                     (report_dir or Path(".")) / "figures", name=name, aggregation=options.aggregation,
                     on_result=lambda partial, name=name, dim=dim: save(name, partial if dim is None else {**partial, "dim": dim}),
                 )
+                if dim is not None:
+                    suite_results["dim"] = dim
+                if mteb_tasks:
+                    run_mteb(served, name, mteb_tasks, options.batch_size,
+                             lambda scores, name=name, done=suite_results: save(name, {**done, "mteb": scores}))
     except KeyboardInterrupt:
         finished = [f"{label}: {', '.join(finished_tasks(partial)) or 'nothing'}" for label, partial in results.items()]
         kept = f"{results_file} keeps the finished tasks ({'; '.join(finished) or 'none'})" if results_file else \
@@ -116,6 +127,8 @@ def evaluate(options: argparse.Namespace) -> None:
         raise SystemExit(130) from None
     if "sts" in evaluators:
         print(format_table({model: r["sts"] for model, r in results.items()}))
+    if mteb_tasks:
+        print(format_table({model: r["mteb"] for model, r in results.items()}))
     if options.max_examples:
         print(f"every task capped at {options.max_examples:,} examples (--max-examples): a quick look, not the papers' "
               "numbers")
@@ -124,6 +137,24 @@ def evaluate(options: argparse.Namespace) -> None:
         print(f"report: {written['markdown']}")
     elif results_file is not None:
         print(f"results: {results_file}")
+
+
+def mteb_plan(spec: str | None) -> list:
+    """The MTEB tasks named by --mteb, their data loaded before any model (one line when missing)."""
+    if not spec:
+        return []
+    from ..evaluation.mteb import load_task_data, mteb_tasks
+
+    tasks = mteb_tasks(spec)
+    load_task_data(tasks)
+    print(f"mteb: {len(tasks)} task(s): {', '.join(t.metadata.name for t in tasks)}", flush=True)
+    return tasks
+
+
+def run_mteb(embedder: object, name: str, tasks: list, batch_size: int, on_result: Callable) -> None:
+    from ..evaluation.mteb import MTEBModel, evaluate_mteb
+
+    evaluate_mteb(MTEBModel(embedder, name), tasks, batch_size, on_result)
 
 
 def encoding_estimate(encode: Callable[..., object], plan: SuitePlan, batch_size: int, models: int) -> str:

@@ -133,12 +133,22 @@ def _link(title: str, path: Path, out_dir: Path) -> str:
     return f"![{title}]({path.relative_to(out_dir).as_posix()})"
 
 
-def _sts_section(results: dict[str, dict]) -> list[str]:
-    rows = {model: r["sts"] for model, r in results.items() if "sts" in r}
+def _scores_section(results: dict[str, dict], key: str, title: str, caption: str) -> list[str]:
+    """One table of `results[model][key]` ({task: score}), models as rows; nothing when no model has it."""
+    rows = {model: r[key] for model, r in results.items() if key in r}
     if not rows:
         return []
-    return ["## STS", "", "Spearman ×100 of cosine similarities; STS12–16 with SentEval's 'all' aggregation.", "",
-            format_table(rows), ""]
+    return [f"## {title}", "", caption, "", format_table(rows), ""]
+
+
+def _sts_section(results: dict[str, dict]) -> list[str]:
+    return _scores_section(results, "sts", "STS",
+                           "Spearman ×100 of cosine similarities; STS12–16 with SentEval's 'all' aggregation.")
+
+
+def _mteb_section(results: dict[str, dict]) -> list[str]:
+    return _scores_section(results, "mteb", "MTEB", "mteb's main score ×100 for each task (`--mteb`; cosine "
+                           "Spearman for STS).")
 
 
 def _transfer_section(results: dict[str, dict], out_dir: Path, written: dict[str, Path]) -> list[str]:
@@ -349,6 +359,7 @@ def write_report(results: dict[str, dict], out_dir: str | os.PathLike) -> dict[s
         lines += [f"**A quick look**: every task capped at {', '.join(map(str, capped))} examples drawn at random "
                   "(`--max-examples`); these are not the papers' numbers.", ""]
     lines += _sts_section(results)
+    lines += _mteb_section(results)
     lines += _transfer_section(results, out_dir, written)
     lines += _clustering_section(results)
     lines += _analysis_section(results, out_dir, written)

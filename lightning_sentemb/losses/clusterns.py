@@ -121,17 +121,23 @@ class ClusterNSLoss(nn.Module):
         centroids: Tensor | None = None,
         nearest: Tensor | None = None,
         second_nearest: Tensor | None = None,
+        drop: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Loss and detached diagnostics (the curves of the paper's Figures 3, 4 and 7).
 
         anchors (n, H); positives (m, H); labels (n,) column of each anchor's positive;
         centroids (K, H) and the columns' cluster ids nearest / second_nearest (m,), all None
-        before clustering starts, when the loss is plain InfoNCE (Eq. 1).
+        before clustering starts, when the loss is plain InfoNCE (Eq. 1). `drop` (n, m): in-batch
+        columns a guide found to be false negatives (`losses.guide`), removed from the logits before
+        anything else (denominator, and the numerator of `false_negatives="positive"`); the clusters'
+        own false negatives and the BML are decided as without it, so each filter works alone.
         """
         # Gathers and masks rather than Python indexing with tensors, which can sync with the host.
         sim = cosine_matrix(anchors, positives)  # (n, m)
         is_positive = labels[:, None] == torch.arange(sim.shape[1], device=sim.device)
         logits = sim / self.temperature
+        if drop is not None:
+            logits = logits.masked_fill(drop, float("-inf"))
         pos_sim = sim.gather(1, labels[:, None]).squeeze(1)
         pos_logit = pos_sim / self.temperature
         stats = _similarity_stats(sim, pos_sim)

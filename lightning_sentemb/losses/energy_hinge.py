@@ -29,12 +29,17 @@ def energy_hinge_loss(
     labels: Tensor,
     hard_negatives: Tensor | None = None,
     margin: float = 0.2,
+    drop: Tensor | None = None,
 ) -> Tensor:
-    """ℓ_EH averaged over anchors; `labels[i]` is the column of anchor i's positive in `positives`."""
+    """ℓ_EH averaged over anchors; `labels[i]` is the column of anchor i's positive in `positives`.
+    Columns in `drop` (false negatives) are no candidates for the hardest negative."""
     columns = positives if hard_negatives is None else torch.cat([positives, hard_negatives])
     sim = cosine_matrix(anchors, columns)
     positive = sim.gather(1, labels[:, None]).squeeze(1)
-    hardest_negative = sim.scatter(1, labels[:, None], float("-inf")).amax(dim=1)
+    negatives = sim.scatter(1, labels[:, None], float("-inf"))
+    if drop is not None:
+        negatives = negatives.masked_fill(drop, float("-inf"))
+    hardest_negative = negatives.amax(dim=1)
     return torch.relu(margin - (positive - hardest_negative)).mean()
 
 
@@ -52,9 +57,12 @@ class InfoNCEHingeLoss(InfoNCELoss):
         self.hinge_margin = hinge_margin
         self.hinge_weight = hinge_weight
 
-    def forward(self, anchors: Tensor, positives: Tensor, labels: Tensor, hard_negatives: Tensor | None = None) -> Tensor:
-        info_nce = super().forward(anchors, positives, labels, hard_negatives)
-        hinge = energy_hinge_loss(anchors, positives, labels, hard_negatives, self.hinge_margin)
+    def forward(
+        self, anchors: Tensor, positives: Tensor, labels: Tensor, hard_negatives: Tensor | None = None,
+        drop: Tensor | None = None,
+    ) -> Tensor:
+        info_nce = super().forward(anchors, positives, labels, hard_negatives, drop)
+        hinge = energy_hinge_loss(anchors, positives, labels, hard_negatives, self.hinge_margin, drop)
         return info_nce + self.hinge_weight * hinge
 
     def get_config_dict(self) -> dict[str, float]:

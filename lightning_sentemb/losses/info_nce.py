@@ -24,15 +24,19 @@ def info_nce(
     labels: Tensor,
     temperature: float = 0.05,
     logit_bias: Tensor | None = None,
+    drop: Tensor | None = None,
 ) -> Tensor:
     """-log softmax(cos(anchor_i, ·)/τ + bias)[labels_i], averaged over anchors.
 
     `candidates` holds every positive and negative column (under DDP: the global batch);
-    `labels[i]` is the column of anchor i's positive.
+    `labels[i]` is the column of anchor i's positive; `drop` (n, m) bool, the columns that leave
+    anchor i's denominator (false negatives, `losses.guide`).
     """
     logits = cosine_matrix(anchors, candidates) / temperature
     if logit_bias is not None:
         logits = logits + logit_bias
+    if drop is not None:
+        logits = logits.masked_fill(drop, float("-inf"))
     return F.cross_entropy(logits, labels)
 
 
@@ -57,11 +61,15 @@ class InfoNCELoss(nn.Module):
         self.temperature = temperature
         self.hard_negative_weight = hard_negative_weight
 
-    def forward(self, anchors: Tensor, positives: Tensor, labels: Tensor, hard_negatives: Tensor | None = None) -> Tensor:
+    def forward(
+        self, anchors: Tensor, positives: Tensor, labels: Tensor, hard_negatives: Tensor | None = None,
+        drop: Tensor | None = None,
+    ) -> Tensor:
+        """`drop`: (n, columns) bool over the positives then the hard negatives (see `info_nce`)."""
         if hard_negatives is None:
-            return info_nce(anchors, positives, labels, self.temperature)
+            return info_nce(anchors, positives, labels, self.temperature, drop=drop)
         bias = hard_negative_bias(labels, positives.size(0), self.hard_negative_weight)
-        return info_nce(anchors, torch.cat([positives, hard_negatives]), labels, self.temperature, bias)
+        return info_nce(anchors, torch.cat([positives, hard_negatives]), labels, self.temperature, bias, drop)
 
     def get_config_dict(self) -> dict[str, float]:
         return {"temperature": self.temperature, "hard_negative_weight": self.hard_negative_weight}

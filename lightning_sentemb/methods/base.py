@@ -34,6 +34,7 @@ from .building import (
 from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
 from .encoding import autocast_for
+from .guide import Guide, GuideOption
 
 __all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "backbone_weights_in_configure_model",
            "unpacked_numel"]
@@ -98,6 +99,10 @@ class SentEmbMethod(LightningModule):
             [X] twice; null = the sentence alone. Methods with their own input format refuse it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
+        guide: GISTEmbed's false-negative filter: `{model: M, pooler: null, margin: 0.0, margin_strategy:
+            absolute}` (M any model `sentemb evaluate` reads, frozen) or `self` (the model's own detached
+            similarities); negatives the guide scores at or above the anchor's positive (less the margin) leave
+            the denominator. See `methods.guide` and docs/negatives.md; null = off.
     """
 
     manual_gradient_clip: tuple[float | None, str | None] = (None, None)
@@ -132,10 +137,12 @@ class SentEmbMethod(LightningModule):
         matryoshka_eval_dim: int | None = None,
         bidirectional: bool = False,
         template: str | None = None,
+        guide: GuideOption = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self._run_seed: int | None = None
+        self.guide = Guide.from_option(guide)
         self.family = family_of(load_config(backbone))
         self.apply_family_defaults()
         self.encoder = build_encoder_for(self)
@@ -227,6 +234,8 @@ class SentEmbMethod(LightningModule):
     # ----- training ---------------------------------------------------------------------
     def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """The method's `embedding_loss`; with `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
+        if self.guide is not None:  # once per batch, at full size, for every truncation
+            batch = {**batch, "guide_rows": self.guide.rows(embeddings, batch, type(self).__name__)}
         dims = self.hparams.matryoshka_dims
         if not dims:
             return self.embedding_loss(embeddings, batch)
@@ -286,6 +295,7 @@ class SentEmbMethod(LightningModule):
     on_save_checkpoint = checkpoint_state.on_save_checkpoint
     on_load_checkpoint = checkpoint_state.on_load_checkpoint
     load_state_dict = checkpoint_state.load_state_dict
+    check_state_keys = checkpoint_state.check_state_keys
 
     def own_hyperparameters(self) -> dict[str, Any]:
         """The method's own hyperparameters, those the shared base does not take (model cards list them)."""

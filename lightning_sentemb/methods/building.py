@@ -10,13 +10,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
 
 from ..backbones import UnsupportedBackbone, with_dropout
 from ..encoders.lora import add_lora, peft_base_reference
 from ..encoders.memory import enable_gradient_checkpointing, from_pretrained_options
 from ..encoders.plain import Encoder, backbone_loading
 from ..errors import SentEmbUserError
+from ..fsdp import is_sharded
 
 if TYPE_CHECKING:
     from .base import SentEmbMethod
@@ -88,7 +88,7 @@ def weights_device(method: SentEmbMethod) -> torch.device | None:
     local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
     GPU) outside a trainer, and under FSDP, which shards the module from host memory as it wraps it."""
     trainer = method._trainer
-    if trainer is None or isinstance(trainer.strategy, FSDPStrategy):
+    if trainer is None or is_sharded(trainer.strategy):
         return None
     return trainer.strategy.root_device
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,14 +70,23 @@ def on_load_checkpoint(method: SentEmbMethod, checkpoint: dict[str, Any]) -> Non
 def load_state_dict(method: SentEmbMethod, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
     """A frozen backbone's checkpoint holds exactly `trainable_state_keys`: those are loaded (strictly:
     a missing or unknown name is an error) and the frozen weights stay as loaded from `backbone`."""
-    if not (method.backbone_frozen and strict):
+    if not strict:
         return nn.Module.load_state_dict(method, state_dict, strict=strict, assign=assign)
-    missing = sorted(method.trainable_state_keys() - state_dict.keys())
-    unexpected = sorted(state_dict.keys() - method.state_dict().keys())
+    return nn.Module.load_state_dict(method, state_dict, strict=check_state_keys(method, state_dict.keys()),
+                                     assign=assign)
+
+
+def check_state_keys(method: SentEmbMethod, names: Collection[str]) -> bool:
+    """Whether a checkpoint's state_dict names load strictly (False: a frozen backbone's, which holds exactly
+    `trainable_state_keys`; a missing or unknown name is then an error here). The FSDP strategy asks too."""
+    if not method.backbone_frozen:
+        return True
+    missing = sorted(method.trainable_state_keys() - set(names))
+    unexpected = sorted(set(names) - method.state_dict().keys())
     if missing or unexpected:
         raise RuntimeError(f"Error(s) in loading state_dict for {type(method).__name__}: Missing key(s) {missing}; "
                            f"unexpected key(s) {unexpected}")
-    return nn.Module.load_state_dict(method, state_dict, strict=False, assign=assign)
+    return False
 
 
 def trainable_summary(method: nn.Module) -> str:

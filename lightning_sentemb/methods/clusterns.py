@@ -137,11 +137,14 @@ class ClusteringObjective:
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
         state = self.cluster_state
+        drop, guide_logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
         if clusters is None:  # plain InfoNCE (Eq. 1) until the σ criterion starts clustering
-            loss, stats = self.loss_fn(anchors, positives, labels)
+            loss, stats = self.loss_fn(anchors, positives, labels, drop=drop)
         else:
             centroids = state.centroids[:, : anchors.size(-1)]  # all of them unless Matryoshka truncates
-            loss, stats = self.loss_fn(anchors, positives, labels, centroids, clusters.nearest, clusters.second_nearest)
+            loss, stats = self.loss_fn(anchors, positives, labels, centroids, clusters.nearest, clusters.second_nearest,
+                                       drop)
+        stats.update(guide_logs)
         stats["cluster/initialized"] = state.initialized.float()
         return loss, stats
 
@@ -164,25 +167,27 @@ class ClusteringObjective:
     @torch.no_grad()
     def initialize_globally(self) -> None:
         """Appendix E.2: encode a sample of the training set as the anchor view (training mode:
-        dropout and the training MLP, the space the batches are clustered in) on rank 0, spherical
-        K-means over it, and broadcast the centroids so every rank starts identical.
+        dropout and the training MLP, the space the batches are clustered in), spherical K-means over it on
+        rank 0, and broadcast the centroids so every rank starts identical. Every rank runs the same
+        forwards (each a collective under FSDP; under DDP the others would wait for rank 0's anyway), and
+        rank 0's embeddings are the ones clustered.
 
         Each example goes through `collate`, so the prompt variant gets its templates; the second
         view is computed and dropped (twice the cost of one view, once per run).
         """
         trainer = self.trainer
         centroids = torch.empty_like(self.cluster_state.centroids)  # rank 0's, once broadcast
+        dataset = trainer.train_dataloader.dataset
+        generator = torch.Generator().manual_seed(self.hparams.cluster_seed)
+        order = torch.randperm(len(dataset), generator=generator)[: self.hparams.global_init_samples].tolist()
+        size = self.hparams.eval_batch_size
+        chunks = []
+        with trainer.precision_plugin.forward_context():
+            for start in range(0, len(order), size):
+                batch = self.collate([dataset[i] for i in order[start : start + size]])
+                features = {k: v.to(self.device) for k, v in batch["features"].items()}
+                chunks.append(self.embed(features).unflatten(0, (batch["num_views"], -1))[0].float())
         if trainer.is_global_zero:
-            dataset = trainer.train_dataloader.dataset
-            generator = torch.Generator().manual_seed(self.hparams.cluster_seed)
-            order = torch.randperm(len(dataset), generator=generator)[: self.hparams.global_init_samples].tolist()
-            size = self.hparams.eval_batch_size
-            chunks = []
-            with trainer.precision_plugin.forward_context():
-                for start in range(0, len(order), size):
-                    batch = self.collate([dataset[i] for i in order[start : start + size]])
-                    features = {k: v.to(self.device) for k, v in batch["features"].items()}
-                    chunks.append(self.embed(features).unflatten(0, (batch["num_views"], -1))[0].float())
             centroids = global_initial_centroids(torch.cat(chunks), self.cluster_state.k, self.hparams.cluster_seed)
             rank_zero_info(f"ClusterNS: centroids initialized by global K-means over {len(order)} training examples")
         self.cluster_state.initialize_(broadcast_from_rank_zero(centroids))

@@ -15,6 +15,7 @@ from lightning.fabric.utilities.data import AttributeDict
 
 from ..encoders.plain import PlainFormat
 from ..losses.mlm import mask_tokens
+from .guide import guide_reads_text
 
 
 class Collator:
@@ -58,4 +59,11 @@ class Collator:
             )
             batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels,
                             "layout": features["layout"]}  # for a prefix's packed MLM forward
+        return batch
+
+    def add_guide_texts(self, batch: dict[str, Any], rows: list[list[int]]) -> dict[str, Any]:
+        """Attach each sentence row's text, decoded from its ids, when a guide model reads them
+        (`methods.guide`: it tokenizes them its own way)."""
+        if guide_reads_text(self.hparams.get("guide")):
+            batch["texts"] = self.format.tokenizer.batch_decode(rows, skip_special_tokens=True)
         return batch

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 
 from ..encoders.template import PromptInit, TemplateEncoder
+from ..errors import SentEmbUserError
+from .guide import guide_reads_text
 from .promptbert import PromptMethod, TemplateViews
 
 # Table 1 of the paper. The PDF text garbles the quotes; they are written here as `"` around the
@@ -102,6 +104,12 @@ class ConPVP(PromptMethod):
     ) -> None:
         if prototypes not in ("both", "positive", "none"):
             raise ValueError(f"prototypes must be both, positive or none; got {prototypes!r}")
+        if prototypes == "both" and guide_reads_text(kwargs.get("guide")):
+            raise SentEmbUserError(
+                "model.init_args.guide: ConPVP's negative prototypes are the anchor's own sentence under negating "
+                "templates, which a guide reading the text cannot tell from its positive; use guide: self, or "
+                "prototypes: positive"
+            )
         super().__init__(backbone, **kwargs)
 
     def build_encoder(self) -> TemplateEncoder:

@@ -96,5 +96,9 @@ def encode_across_ranks(
     rank, world_size = world()
     if world_size == 1:
         return method.encode(sentences, batch_size, show_progress, label)
-    share = method.encode(sentences[rank::world_size], batch_size, show_progress if rank == 0 else False, label)
+    # equal shares (the short ones end with a repeat, dropped by the gather): every rank runs as many
+    # forwards, each a collective under FSDP
+    share = sentences[rank::world_size]
+    share += sentences[: -(-len(sentences) // world_size) - len(share)]
+    share = method.encode(share, batch_size, show_progress if rank == 0 else False, label)
     return gather_strided_rows(share.to(method.device), len(sentences)).cpu()

@@ -76,7 +76,7 @@ class MNTP(SentEmbMethod):
         mlp: Literal["none"] = "none",
         **kwargs: Any,
     ) -> None:
-        for option in ("mlm_weight", "grad_cache_chunk", "matryoshka_dims"):
+        for option in ("mlm_weight", "grad_cache_chunk", "matryoshka_dims", "guide"):
             if kwargs.get(option):
                 raise SentEmbUserError(f"model.init_args.{option}: MNTP has no contrastive or auxiliary loss; unset it")
         if mlp != "none":

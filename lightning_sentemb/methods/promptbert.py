@@ -51,7 +51,8 @@ class TemplateViews(Collator):
         rows = [example[column] for column in columns for example in examples]
         row_templates = [t for view in templates for t in view]
         features = self.format.build(rows, self.max_length, row_templates, self.hparams.denoise_train)
-        return {"features": features, "num_views": len(columns), "batch_size": len(examples)}
+        batch = {"features": features, "num_views": len(columns), "batch_size": len(examples)}
+        return self.add_guide_texts(batch, rows)
 
 
 class PromptBERTViews(TemplateViews):

@@ -20,7 +20,7 @@ class SimCSEViews(Collator):
         columns = [c for c in columns if c in examples[0]]
         rows = [example[column] for column in columns for example in examples]
         batch = {"features": self.format.build(rows, max_length=None), "num_views": len(columns)}
-        return self.add_mlm_inputs(batch)
+        return self.add_guide_texts(self.add_mlm_inputs(batch), rows)
 
 
 class SimCSE(SentEmbMethod):
@@ -45,4 +45,5 @@ class SimCSE(SentEmbMethod):
         positives = gather_with_grad(views[1])
         hard_negatives = gather_with_grad(views[2]) if batch["num_views"] == 3 else None
         labels = local_labels(anchors.size(0), anchors.device)
-        return self.loss_fn(anchors, positives, labels, hard_negatives), {}
+        drop, logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
+        return self.loss_fn(anchors, positives, labels, hard_negatives, drop), logs

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -20,6 +19,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from ..data.datamodule import batch_seed
 from ..errors import SentEmbUserError
+from ..fsdp import is_sharded
 from ..losses.mlm import mlm_loss
 from .checkpoint_state import trainable_summary
 
@@ -110,7 +110,7 @@ def check_trainer_options(method: SentEmbMethod) -> list:
             f"which run together under mixed precision: set trainer.precision {'bf16' if dtype == 'bf16' else '16'}"
             f"-mixed (got {trainer.precision})"
         )
-    if fitting and isinstance(trainer.strategy, FSDPStrategy):
+    if fitting and is_sharded(trainer.strategy):
         for option in ("grad_cache_chunk", "load_in_4bit"):
             if hp[option]:
                 raise SentEmbUserError(

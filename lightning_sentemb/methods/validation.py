@@ -15,7 +15,8 @@ from torch import nn
 
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
 from ..evaluation.sts import StsSpearman, format_table
-from ..evaluation.suite import evaluate_suite, headline_scores
+from ..evaluation.across_ranks import evaluate_across_ranks
+from ..evaluation.suite import headline_scores
 from ..matryoshka import truncate
 
 if TYPE_CHECKING:
@@ -65,10 +66,9 @@ def log_sts(method: SentEmbMethod, stage: str) -> dict[str, float]:
 
 def run_extra_evaluators(method: SentEmbMethod, stage: str) -> None:
     """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
-    rank: each encodes its share of the sentences (`encode_across_ranks`), and every rank scores the
-    gathered embeddings itself, so no rank waits on another's long work (a collective pending through
-    minutes of scoring could outlast the process group's timeout). The scoring is deterministic and
-    its inputs identical on every rank: so are the results, which rank 0 logs (and plots)."""
+    rank: each encodes its share of the sentences (`encode_across_ranks`; under FSDP every forward is a
+    collective) and scores its share of the tasks (`evaluate_across_ranks`); every rank gets all results,
+    which rank 0 logs (and plots)."""
     trainer = method.trainer
     datamodule = trainer.datamodule
     names = list(getattr(datamodule, f"{stage}_evaluators", ()))
@@ -76,8 +76,8 @@ def run_extra_evaluators(method: SentEmbMethod, stage: str) -> None:
         return
     figures = Path(trainer.default_root_dir) / "figures" / f"{stage}-step{method.global_step}"
     with nullcontext(figures) if trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
-        results = evaluate_suite(method.encode_across_ranks, names, datamodule.data_dir, figure_dir,
-                                 name=type(method).__name__)
+        results = evaluate_across_ranks(method.encode_across_ranks, names, datamodule.data_dir, figure_dir,
+                                        name=type(method).__name__)
     metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
     if trainer.is_global_zero:
         for logger in method.loggers:

@@ -1,0 +1,206 @@
+"""Hard-negative mining (`sentemb data mine`): for each (anchor, positive) pair, the candidates that a
+model ranks close to the anchor, kept by rank, margin and score, written as the triplets the supervised
+configs read (`sent0,sent1,hard_neg`).
+
+The filters are sentence-transformers' (`util.mine_hard_negatives`), with one convention of our own:
+a candidate's rank is its place in the anchor's ranking of the candidates (0 = most similar) once the
+texts that cannot be its negatives are set aside (the pair's positive, a text identical to the anchor,
+and with `exclude_positives` every positive the file pairs with that anchor); `--range-min/--range-max`
+keep ranks in [min, max), *then* `--margin` and `--max-score` remove candidates, and the first
+`--num-negatives` left are the negatives. (sentence-transformers applies its range_min after the score
+filters; here a negative's rank is checkable against the option on its own.)
+
+The candidates are the file's distinct positives. Memory is bounded: candidates are encoded and added
+to a faiss inner-product index (exact, on normalized embeddings, i.e. cosine) `chunk_size` at a time,
+and anchors encoded and searched `chunk_size` at a time; nothing grows with pairs × candidates.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import SentEmbUserError
+
+MARGIN_STRATEGIES = ("absolute", "relative")
+ANCHOR_KEYS, POSITIVE_KEYS = ("sent0", "anchor"), ("sent1", "positive")
+
+
+@dataclass(frozen=True)
+class MiningFilters:
+    """What makes a candidate a negative; see the module docstring for the order they apply in."""
+
+    num_negatives: int = 1
+    range_min: int = 0
+    range_max: int = 50
+    margin: float | None = None
+    margin_strategy: str = "absolute"
+    max_score: float | None = None
+    exclude_positives: bool = False
+
+    def __post_init__(self) -> None:
+        if self.num_negatives < 1:
+            raise SentEmbUserError(f"--num-negatives {self.num_negatives}: give at least 1")
+        if not 0 <= self.range_min < self.range_max:
+            raise SentEmbUserError(f"--range-min {self.range_min} --range-max {self.range_max}: need "
+                                   "0 <= range-min < range-max")
+        if self.range_max - self.range_min < self.num_negatives:
+            raise SentEmbUserError(f"--num-negatives {self.num_negatives} cannot fit in ranks [{self.range_min}, "
+                                   f"{self.range_max}); raise --range-max")
+        if self.margin_strategy not in MARGIN_STRATEGIES:
+            raise SentEmbUserError(f"--margin-strategy {self.margin_strategy}: choose {' or '.join(MARGIN_STRATEGIES)}")
+
+    def threshold(self, positive_scores: np.ndarray) -> np.ndarray:
+        """The highest score a negative may have: the positive's score less the margin (absolute), or
+        less `margin` × |positive score| (relative, sentence-transformers' convention)."""
+        if self.margin is None:
+            return np.full_like(positive_scores, np.inf)
+        if self.margin_strategy == "absolute":
+            return positive_scores - self.margin
+        return positive_scores - np.abs(positive_scores) * self.margin
+
+
+@dataclass
+class MinedNegatives:
+    """Per pair, its negatives as rows of `candidates` (most similar first) with their cosines; `counts`:
+    the candidates each filter saw and left, in order."""
+
+    candidates: list[str]
+    negatives: list[np.ndarray] = field(default_factory=list)
+    scores: list[np.ndarray] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def read_pairs(path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """(anchors, positives) of a `.csv` with a header, or of JSON lines (`.jsonl`/`.json`, one object a
+    line), whose columns are `sent0,sent1` (our supervised files; a `hard_neg` column is ignored) or
+    `anchor,positive`."""
+    path = Path(path)
+    if not path.is_file():
+        raise SentEmbUserError(f"pair file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".csv":
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    elif path.suffix in (".jsonl", ".json"):
+        rows = []
+        for number, line in enumerate(text.splitlines(), 1):
+            try:
+                rows += [json.loads(line)] if line.strip() else []
+            except json.JSONDecodeError as error:
+                raise SentEmbUserError(f"{path}: line {number} is not JSON ({error.msg}); give one object a line") from None
+    else:
+        raise SentEmbUserError(f"pair file {path}: give a .csv with a header, or .jsonl (one JSON object a line)")
+    keys = set(rows[0]) if rows else set()
+    anchor = next((k for k in ANCHOR_KEYS if k in keys), None)
+    positive = next((k for k in POSITIVE_KEYS if k in keys), None)
+    if not rows or anchor is None or positive is None:
+        raise SentEmbUserError(f"pair file {path}: needs columns sent0,sent1 or anchor,positive; got "
+                               f"{sorted(keys) or 'no rows'}")
+    return [str(r[anchor]) for r in rows], [str(r[positive]) for r in rows]
+
+
+def mine_hard_negatives(
+    anchors: list[str], positives: list[str], encode: Callable[[list[str]], "np.ndarray"],
+    filters: MiningFilters, chunk_size: int = 8192,
+) -> MinedNegatives:
+    """The negatives of each pair among the distinct positives; `encode(sentences)` gives embeddings
+    (any array-like, normalized here)."""
+    import faiss
+
+    candidates = list(dict.fromkeys(positives))
+    row_of = {text: i for i, text in enumerate(candidates)}
+    index = None
+    for start in range(0, len(candidates), chunk_size):
+        embeddings = _normalized(encode(candidates[start : start + chunk_size]))
+        if index is None:
+            index = faiss.IndexFlatIP(embeddings.shape[1])
+        index.add(embeddings)
+    positive_rows = np.array([row_of[p] for p in positives])
+    anchor_rows = np.array([row_of.get(a, -1) for a in anchors])  # an anchor that is also a candidate
+    paired: dict[str, set[int]] = {}
+    if filters.exclude_positives:
+        for anchor, row in zip(anchors, positive_rows):
+            paired.setdefault(anchor, set()).add(int(row))
+    set_aside = 2 + max((len(rows) for rows in paired.values()), default=0)
+    depth = min(len(candidates), filters.range_max + set_aside)
+    mined = MinedNegatives(candidates)
+    counts = dict.fromkeys(["searched", "set aside (positive, anchor's text, --exclude-positives)", "in the rank window",
+                            "removed by --margin", "removed by --max-score", "passed every filter", "negatives"], 0)
+    for start in range(0, len(anchors), chunk_size):
+        rows = slice(start, start + chunk_size)
+        query = _normalized(encode(anchors[rows]))
+        positive_scores = (query * index.reconstruct_batch(positive_rows[rows])).sum(axis=1)
+        scores, found = index.search(query, depth)
+        aside = (found == positive_rows[rows, None]) | (found == anchor_rows[rows, None]) | (found < 0)
+        if filters.exclude_positives:
+            aside |= np.stack([np.isin(f, list(paired[a])) for f, a in zip(found, anchors[rows])])
+        rank = np.cumsum(~aside, axis=1) - 1
+        window = ~aside & (rank >= filters.range_min) & (rank < filters.range_max)
+        margin_ok = window & (scores <= filters.threshold(positive_scores)[:, None])
+        keep = margin_ok & (scores <= (np.inf if filters.max_score is None else filters.max_score))
+        chosen = keep & (np.cumsum(keep, axis=1) <= filters.num_negatives)
+        mined.negatives += [f[c] for f, c in zip(found, chosen)]
+        mined.scores += [s[c] for s, c in zip(scores, chosen)]
+        for key, value in zip(counts, [(found >= 0).sum(), (aside & (found >= 0)).sum(), window.sum(),
+                                       (window & ~margin_ok).sum(), (margin_ok & ~keep).sum(), keep.sum(), chosen.sum()]):
+            counts[key] += int(value)
+    counts["pairs without a negative (dropped)"] = sum(len(n) == 0 for n in mined.negatives)
+    mined.counts = counts
+    return mined
+
+
+def _normalized(embeddings: object) -> np.ndarray:
+    array = np.ascontiguousarray(np.asarray(embeddings, dtype=np.float32))
+    return array / np.maximum(np.linalg.norm(array, axis=1, keepdims=True), 1e-12)
+
+
+def triplet_rows(anchors: list[str], positives: list[str], mined: MinedNegatives) -> list[tuple[str, str, str]]:
+    """One `(sent0, sent1, hard_neg)` row per negative, in pair order (a pair with k negatives gives k
+    rows, as sentence-transformers' "triplet" format): what the supervised data path reads."""
+    return [(a, p, mined.candidates[n]) for a, p, negatives in zip(anchors, positives, mined.negatives)
+            for n in negatives]
+
+
+def summary(mined: MinedNegatives, pairs: int, filters: MiningFilters) -> str:
+    """How many candidates each filter saw and left, one line each."""
+    margin = "" if filters.margin is None else f" {filters.margin} ({filters.margin_strategy})"
+    options = {"in the rank window": f" [{filters.range_min}, {filters.range_max})",
+               "removed by --margin": margin or " (not set)",
+               "removed by --max-score": " (not set)" if filters.max_score is None else f" {filters.max_score}",
+               "negatives": f" (at most {filters.num_negatives} a pair)"}
+    lines = [f"mined {pairs:,} pairs against {len(mined.candidates):,} distinct positives"]
+    lines += [f"  {key}{options.get(key, '')}: {value:,}" for key, value in mined.counts.items()]
+    return "\n".join(lines)
+
+
+def mine_command(options: object) -> None:
+    """`sentemb data mine`: read, load the model, mine, write the triplets atomically, print the summary."""
+    import torch
+
+    from .atomic_io import atomic_write_text
+    from .loading import load_embedder
+    from .loggers import silence_known_noise
+
+    filters = MiningFilters(options.num_negatives, options.range_min, options.range_max, options.margin,
+                            options.margin_strategy, options.max_score, options.exclude_positives)
+    if not options.output.endswith(".csv"):
+        raise SentEmbUserError(f"--output {options.output}: the supervised configs read a .csv (sent0,sent1,hard_neg)")
+    anchors, positives = read_pairs(options.pairs)
+    silence_known_noise()
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    embedder = load_embedder(options.model, options.pooler, device, options.batch_size, options.trust_checkpoint)
+    mined = mine_hard_negatives(anchors, positives, lambda sentences: embedder.encode(sentences, label="mine"),
+                                filters, options.chunk_size)
+    text = io.StringIO(newline="")
+    writer = csv.writer(text)
+    writer.writerow(("sent0", "sent1", "hard_neg"))
+    writer.writerows(triplet_rows(anchors, positives, mined))
+    atomic_write_text(options.output, text.getvalue())
+    print(summary(mined, len(anchors), filters) + f"\ntriplets: {options.output}")

