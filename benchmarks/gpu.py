@@ -133,11 +133,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (default: by GPU name)")
     parser.add_argument("--data-dir", default=os.environ.get("SENTEMB_DATA", "../shared/data"))
-    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, batch 8, 2 steps")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, batch 8, 1 step: checks the script, measures nothing")
     parser.add_argument("--output", default=None, help="also write the rows as JSON")
     options = parser.parse_args()
     if options.smoke:
-        options.batches, options.steps, options.warmup = [8], 2, 1
+        options.batches, options.steps, options.warmup = [8], 1, 0
     device = torch.device("cuda" if torch.cuda.is_available() and not options.smoke else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     peak = options.peak_tflops or next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)

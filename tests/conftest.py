@@ -4,8 +4,7 @@ downloads), the data dir."""
 from __future__ import annotations
 
 import os
-import signal
-import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from transformers import (
     AutoModel,
     AutoTokenizer,
     BertConfig,
-    BertModel,
     DistilBertConfig,
     ElectraConfig,
     Gemma2Config,
@@ -31,8 +29,9 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     RobertaConfig,
-    RobertaModel,
 )
+
+from tests.session import pytest_addoption, pytest_configure  # noqa: F401 (this suite's hooks)
 
 REPO = Path(__file__).resolve().parents[1]
 ROBERTA_CORPUS = [
@@ -41,35 +40,6 @@ ROBERTA_CORPUS = [
 ] * 20
 
 os.environ.setdefault("WANDB_MODE", "disabled")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """In the process that runs the session (not in an xdist worker): a SIGTERM (`make test` stopped)
-    takes the workers and everything they started with it."""
-    # `workerinput` marks an xdist worker; the environment would not: a session started from a worker
-    # (tests/test_make.py) inherits its PYTEST_XDIST_WORKER
-    if not hasattr(config, "workerinput") and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop_with_descendants)
-
-
-def stop_with_descendants(signum: int, frame: object) -> None:
-    """Terminate every descendant (xdist workers, their DataLoader workers, the `sentemb` processes tests
-    start), kill those still there after 5 s, then exit: orphans would go on holding memory."""
-    import psutil  # a dependency of wandb
-
-    descendants = psutil.Process().children(recursive=True)
-    for process in descendants:
-        try:
-            process.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(descendants, timeout=5)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    os._exit(128 + signum)
 
 
 def minilm_path() -> str:
@@ -94,104 +64,34 @@ def shared_data() -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """2-layer, 32-wide random BERT with the all-MiniLM-L6-v2 WordPiece tokenizer."""
-    path = tmp_path_factory.mktemp("tiny_bert")
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+def minilm_tokenizer() -> PreTrainedTokenizerFast:
+    return AutoTokenizer.from_pretrained(minilm_path())
 
 
-@pytest.fixture(scope="session")
-def tiny_roberta(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """2-layer random RoBERTa with a byte-level BPE tokenizer trained here."""
-    path = tmp_path_factory.mktemp("tiny_roberta")
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(ROBERTA_CORPUS, vocab_size=300, min_frequency=1,
-                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
-    bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
-                                        cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
-                                        mask_token="<mask>", model_max_length=126)
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=130, pad_token_id=1, bos_token_id=0,
-                           eos_token_id=2)
-    torch.manual_seed(0)
-    RobertaModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-def save_tiny(path: Path, config: PreTrainedConfig) -> str:
-    """A random `AutoModel` of `config` with the all-MiniLM-L6-v2 WordPiece tokenizer, saved to `path`."""
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+def save_tiny(path: Path, config: PreTrainedConfig, tokenizer: PreTrainedTokenizerFast | None = None) -> str:
+    """A random `AutoModel` of `config` (seed 0) with `tokenizer` (default: all-MiniLM-L6-v2's WordPiece),
+    saved to `path`."""
     torch.manual_seed(0)
     AutoModel.from_config(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    (tokenizer or minilm_tokenizer()).save_pretrained(path)
     return str(path)
 
 
 def minilm_ids() -> dict[str, int]:
-    tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+    tokenizer = minilm_tokenizer()
     return {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
             "bos_token_id": tokenizer.cls_token_id, "eos_token_id": tokenizer.sep_token_id}
 
 
-# Decoder LLM shapes: 2 layers, 32 wide, 4 query heads over 2 key/value heads (grouped-query attention).
-DECODER_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=128)
-DECODER_CONFIGS = {
-    "tiny_llama": lambda ids: LlamaConfig(**DECODER_SIZES, **ids),
-    "tiny_qwen2": lambda ids: Qwen2Config(**DECODER_SIZES, **ids),
-    "tiny_qwen3": lambda ids: Qwen3Config(**DECODER_SIZES, head_dim=8, **ids),
-    "tiny_mistral": lambda ids: MistralConfig(**DECODER_SIZES, **ids),
-    "tiny_gemma": lambda ids: GemmaConfig(**DECODER_SIZES, head_dim=8, **ids),
-}
-
-
-def _tiny_decoder(name: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return save_tiny(tmp_path_factory.mktemp(name), DECODER_CONFIGS[name](minilm_ids()))
-
-
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_decoder("tiny_llama", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_decoder("tiny_qwen2", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_decoder("tiny_qwen3", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_mistral(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_decoder("tiny_mistral", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _tiny_decoder("tiny_gemma", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_modernbert(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """3-layer random ModernBERT: global attention in layers 0 and 2, a local window of ±4 in layer 1
-    (shorter than the test sentences, so the window matters)."""
-    ids = minilm_ids()
-    config = ModernBertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-                              max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=8,
-                              cls_token_id=ids["bos_token_id"], sep_token_id=ids["eos_token_id"], **ids)
-    return save_tiny(tmp_path_factory.mktemp("tiny_modernbert"), config)
+def roberta_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained here with RoBERTa's special tokens and post-processor."""
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(ROBERTA_CORPUS, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    bpe.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                   cls_token="<s>", sep_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                   mask_token="<mask>", model_max_length=126)
 
 
 def bpe_tokenizer(bos: bool) -> PreTrainedTokenizerFast:
@@ -208,26 +108,52 @@ def bpe_tokenizer(bos: bool) -> PreTrainedTokenizerFast:
                                    unk_token="<unk>", model_max_length=128)
 
 
-def save_tiny_bpe(path: Path, config: PreTrainedConfig, bos: bool) -> str:
-    torch.manual_seed(0)
-    AutoModel.from_config(config).save_pretrained(path)
-    bpe_tokenizer(bos).save_pretrained(path)
-    return str(path)
-
-
+# Every family 2 layers (ModernBERT 3), 32 wide, 4 heads; decoders with 4 query heads over 2 key/value
+# heads (grouped-query attention).
+DECODER_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=128)
+ENCODER_SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 BPE_IDS = {"vocab_size": 300, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2}
-# More families, each through the padding-free path of the attention interface: OPT (PromptEOL's backbone,
-# learned positions offset by 2), GPT-2 (fused QKV), Gemma-2 (sliding window of 4 in alternate layers, logit
-# soft-capping, GQA), Phi-3 (fused QKV, a sliding window shorter than the sentences), DistilBERT and ELECTRA
-# (encoders without a key/value cache).
-MORE_FAMILIES = {
-    "tiny_opt": lambda path: save_tiny_bpe(path, OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2,
-                                                           num_attention_heads=4, word_embed_proj_dim=32,
-                                                           max_position_embeddings=128, dropout=0.0, **BPE_IDS),
-                                           bos=True),
-    "tiny_gpt2": lambda path: save_tiny_bpe(path, GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4,
-                                                             n_positions=128, bos_token_id=2, eos_token_id=2),
-                                            bos=False),
+
+
+def save_tiny_roberta(path: Path, tokenizer: PreTrainedTokenizerFast) -> str:
+    config = RobertaConfig(**ENCODER_SIZES, vocab_size=len(tokenizer), max_position_embeddings=130, pad_token_id=1,
+                           bos_token_id=0, eos_token_id=2)
+    return save_tiny(path, config, tokenizer)
+
+
+def tiny_modernbert_config() -> ModernBertConfig:
+    """Global attention in layers 0 and 2, a local window of ±4 in layer 1 (shorter than the test
+    sentences, so the window matters)."""
+    ids = minilm_ids()
+    return ModernBertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                            max_position_embeddings=128, global_attn_every_n_layers=2, local_attention=8,
+                            cls_token_id=ids["bos_token_id"], sep_token_id=ids["eos_token_id"], **ids)
+
+
+# The tiny random models, one session-scoped fixture each (generated below): name -> builder(folder).
+# Beyond BERT/RoBERTa/ModernBERT and the Llama-like decoders, each family goes through the padding-free
+# path of the attention interface differently: OPT (PromptEOL's backbone, learned positions offset by
+# 2), GPT-2 (fused QKV), Gemma-2 (a window of 4 in alternate layers, logit soft-capping, GQA), Phi-3
+# (fused QKV, a window shorter than the sentences), DistilBERT and ELECTRA (encoders without a
+# key/value cache).
+TINY_MODELS: dict[str, Callable[[Path], str]] = {
+    "tiny_bert": lambda path: save_tiny(path, BertConfig(**ENCODER_SIZES, vocab_size=minilm_ids()["vocab_size"],
+                                                         max_position_embeddings=128)),
+    "tiny_roberta": lambda path: save_tiny_roberta(path, roberta_tokenizer()),
+    "tiny_modernbert": lambda path: save_tiny(path, tiny_modernbert_config()),
+    "tiny_llama": lambda path: save_tiny(path, LlamaConfig(**DECODER_SIZES, **minilm_ids())),
+    "tiny_qwen2": lambda path: save_tiny(path, Qwen2Config(**DECODER_SIZES, **minilm_ids())),
+    "tiny_qwen3": lambda path: save_tiny(path, Qwen3Config(**DECODER_SIZES, head_dim=8, **minilm_ids())),
+    "tiny_mistral": lambda path: save_tiny(path, MistralConfig(**DECODER_SIZES, **minilm_ids())),
+    "tiny_gemma": lambda path: save_tiny(path, GemmaConfig(**DECODER_SIZES, head_dim=8, **minilm_ids())),
+    "tiny_opt": lambda path: save_tiny(path, OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2,
+                                                       num_attention_heads=4, word_embed_proj_dim=32,
+                                                       max_position_embeddings=128, dropout=0.0, **BPE_IDS),
+                                       bpe_tokenizer(bos=True)),
+    "tiny_gpt2": lambda path: save_tiny(path, GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4,
+                                                         n_positions=128, bos_token_id=2, eos_token_id=2),
+                                        bpe_tokenizer(bos=False)),
     "tiny_gemma2": lambda path: save_tiny(path, Gemma2Config(**DECODER_SIZES, head_dim=8, sliding_window=4,
                                                              query_pre_attn_scalar=8, **minilm_ids())),
     "tiny_phi3": lambda path: save_tiny(path, Phi3Config(**DECODER_SIZES, sliding_window=5, **minilm_ids())),
@@ -239,49 +165,33 @@ MORE_FAMILIES = {
 }
 
 
-def _more(name: str, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return MORE_FAMILIES[name](tmp_path_factory.mktemp(name))
+def tiny_model_fixture(name: str) -> Callable[[pytest.TempPathFactory], str]:
+    """A session fixture `name`: the folder of TINY_MODELS[name], built once per session (per xdist worker)."""
+
+    @pytest.fixture(scope="session", name=name)
+    def folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+        return TINY_MODELS[name](tmp_path_factory.mktemp(name))
+
+    return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_opt(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _more("tiny_opt", tmp_path_factory)
+for _name in TINY_MODELS:
+    globals()[_name] = tiny_model_fixture(_name)
 
 
-@pytest.fixture(scope="session")
-def tiny_gpt2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _more("tiny_gpt2", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_gemma2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _more("tiny_gemma2", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_phi3(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _more("tiny_phi3", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_distilbert(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _more("tiny_distilbert", tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def tiny_electra(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _more("tiny_electra", tmp_path_factory)
+def write_corpus(folder: Path) -> Path:
+    """A small one-sentence-a-line corpus with blank lines to skip, as `folder`/corpus.txt."""
+    lines = [f"sentence number {i} is about {'cats' if i % 2 else 'dogs'} ." for i in range(40)]
+    lines.insert(5, "")
+    lines.insert(17, "   ")
+    path = folder / "corpus.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 @pytest.fixture()
 def corpus_file(tmp_path: Path) -> Path:
-    """A small one-sentence-a-line corpus with blank lines to skip."""
-    lines = [f"sentence number {i} is about {'cats' if i % 2 else 'dogs'} ." for i in range(40)]
-    lines.insert(5, "")
-    lines.insert(17, "   ")
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_corpus(tmp_path)
 
 
 def write_sts_fixture(root: Path, pairs_per_subset: int = 6) -> Path:

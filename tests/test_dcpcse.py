@@ -19,6 +19,7 @@ from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.losses.mlm import mlm_loss
 from lightning_sentemb.methods import DCPCSE, SimCSE
 from lightning_sentemb.methods.dcpcse import trainable_parameter_count
+from tests.conftest import write_corpus
 
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football",
              " ".join(["a very long sentence"] * 80)]  # 320 words: longer than every tiny model allows
@@ -218,15 +219,17 @@ def short_fit(method: DCPCSE, corpus: Path, root: Path, max_steps: int = 3, ckpt
     return trainer
 
 
-@pytest.fixture()
-def fitted(tiny_bert, corpus_file, tmp_path):
-    """A 3-step fit with the MLM loss on; returns (method, backbone before, trainer, checkpoint path)."""
+@pytest.fixture(scope="module")
+def fitted(tiny_bert, tmp_path_factory):
+    """A 3-step fit with the MLM loss on, shared by the tests that read it (none changes it); returns
+    (method, backbone before, trainable tensors before, trainer, checkpoint path)."""
+    root = tmp_path_factory.mktemp("dcpcse_fit")
     torch.manual_seed(0)
     method = DCPCSE(tiny_bert, prefix_len=4, mlm_weight=0.1, lr=1e-2)
     before = backbone_state(method)
     trainable_before = {n: p.detach().clone() for n, p in method.named_parameters() if p.requires_grad}
-    trainer = short_fit(method, corpus_file, tmp_path)
-    checkpoint = tmp_path / "last.ckpt"
+    trainer = short_fit(method, write_corpus(root), root)
+    checkpoint = root / "last.ckpt"
     trainer.save_checkpoint(checkpoint)
     return method, before, trainable_before, trainer, checkpoint
 

@@ -40,6 +40,7 @@ def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear, guided: bool = Fa
 
 
 def worker(rank: int, init_file: str, out_file: str, guided: bool) -> None:
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), as DataLoader workers
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     views, layer = make_inputs()
     local = views[:, rank * GLOBAL_BATCH // WORLD : (rank + 1) * GLOBAL_BATCH // WORLD]
@@ -54,7 +55,10 @@ def worker(rank: int, init_file: str, out_file: str, guided: bool) -> None:
 
 @pytest.mark.parametrize("guided", [False, True])
 def test_global_negatives_match_single_process(guided, tmp_path):
-    mp.spawn(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt"), guided), nprocs=WORLD, join=True)
+    # fork: the ranks start with this process's imports (spawn re-imports torch and transformers in each,
+    # most of the test's time)
+    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path / "out.pt"), guided), nprocs=WORLD,
+                       join=True, start_method="fork")
     distributed = torch.load(tmp_path / "out.pt")
     views, layer = make_inputs()
     loss, grad, logs = loss_and_grad(views, layer, guided)

@@ -50,6 +50,7 @@ def test_encode_equals_the_per_batch_copy(tiny_bert):
 
 
 def gather_worker(rank: int, init_file: str, backbone: str, out_file: str) -> None:
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), as DataLoader workers
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     rows = {total: gather_strided_rows(torch.arange(total * 3.0).view(total, 3)[rank::2], total)
             for total in (1, 4, 5)}  # one rank empty, equal shares, unequal shares
@@ -60,7 +61,9 @@ def gather_worker(rank: int, init_file: str, backbone: str, out_file: str) -> No
 
 
 def test_ranks_share_encoding_and_all_get_every_row_in_order(tiny_bert, tmp_path):
-    mp.spawn(gather_worker, args=(str(tmp_path / "init"), tiny_bert, str(tmp_path / "out")), nprocs=2, join=True)
+    # fork: the ranks start with this process's imports (spawn re-imports torch and transformers in each)
+    mp.start_processes(gather_worker, args=(str(tmp_path / "init"), tiny_bert, str(tmp_path / "out")), nprocs=2,
+                       join=True, start_method="fork")
     single = SimCSE(tiny_bert, pooler="cls", mlp="none")
     assert torch.equal(single.encode_across_ranks(SENTENCES, batch_size=2), single.encode(SENTENCES, batch_size=2))
     for rank in (0, 1):

@@ -219,28 +219,40 @@ class SaveRankZeroGradients(RecordGradients):
             torch.save(self.grads, self.path)
 
 
-def ddp_fit(backbone: str, out: str, name: str = "simcse") -> None:
-    """One cached step of METHODS[name] on 2 CPU processes; Lightning relaunches `python -m tests.test_grad_cache`."""
-    method = build(name, backbone, dtype=torch.float64)
-    method.hparams.grad_cache_chunk = CHUNK
-    trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, callbacks=[SaveRankZeroGradients(out)])
-    trainer.fit(method, DataLoader(examples(method), batch_size=4, collate_fn=method.collate))
+DDP_NAMES = ["simcse", "promptbert_matryoshka"]
+
+
+def ddp_fit(backbone: str, out: str, *names: str) -> None:
+    """One cached step of each METHODS[name] on 2 CPU processes, one fit after the other in the same
+    process group (one launch for all: each costs an interpreter per rank); Lightning relaunches
+    `python -m tests.test_grad_cache` for rank 1, which runs the same fits. Rank 0 writes out/<name>.pt."""
+    for name in names:
+        method = build(name, backbone, dtype=torch.float64)
+        method.hparams.grad_cache_chunk = CHUNK
+        trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                          limit_val_batches=0, callbacks=[SaveRankZeroGradients(str(Path(out) / f"{name}.pt"))])
+        trainer.fit(method, DataLoader(examples(method), batch_size=4, collate_fn=method.collate))
+
+
+@pytest.fixture(scope="module")
+def ddp_gradients(tiny_bert, tmp_path_factory) -> Path:
+    """The folder where the 2-process fits of DDP_NAMES wrote their synced cached gradients."""
+    out = tmp_path_factory.mktemp("ddp_grads")
+    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "tests.test_grad_cache", tiny_bert, str(out), *DDP_NAMES], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["simcse", "promptbert_matryoshka"])
-def test_ddp_cached_gradient_equals_one_process(name: str, tiny_bert: str, tmp_path) -> None:
+@pytest.mark.parametrize("name", DDP_NAMES)
+def test_ddp_cached_gradient_equals_one_process(name: str, tiny_bert: str, ddp_gradients: Path) -> None:
     """2 CPU processes (gloo), 4 sentences each: the synced cached gradient is the one-process
     gradient of the 8-sentence global batch (InfoNCE is invariant to the order of the batch), also
     with Matryoshka truncations (each all-gathers its truncated rows)."""
-    out = tmp_path / "grads.pt"
-    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "tests.test_grad_cache", tiny_bert, str(out), name], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
-    (got,) = torch.load(out)
+    (got,) = torch.load(ddp_gradients / f"{name}.pt")
     method = build(name, tiny_bert, dtype=torch.float64)
     _, want = gradients(method, method.collate(examples(method)), 0)
     assert relative_error(got, want) < 1e-10

@@ -28,10 +28,10 @@ def test_make_train_passes_args_to_the_fit():
         ".venv/bin/sentemb fit -c experiments/demo/simcse.yaml --trainer.max_steps 20 --model.init_args.lr 1e-5")
 
 
-@pytest.mark.slow  # starts a pytest session with two xdist workers (~20 s)
+@pytest.mark.slow  # starts a pytest session with two xdist workers
 def test_sigterm_to_a_test_run_stops_its_workers_and_their_children(tmp_path):
-    """A test run like `make test`'s (this conftest, `-n 2`): each worker starts a child that would
-    sleep for minutes; a SIGTERM to the session's process leaves none of them running."""
+    """A test run like `make test`'s (the session hooks tests/conftest.py uses, `-n 2`): each worker starts
+    a child that would sleep for minutes; a SIGTERM to the session's process leaves none of them running."""
     pids = tmp_path / "pids"
     pids.mkdir()
     (tmp_path / "test_sleepers.py").write_text(
@@ -42,7 +42,7 @@ def test_sigterm_to_a_test_run_stops_its_workers_and_their_children(tmp_path):
         f"    open(os.path.join({str(pids)!r}, f'{{os.getpid()}}-{{child.pid}}'), 'w').close()\n"
         "    time.sleep(600)\n"
     )
-    session = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "-p", "tests.conftest", "-q",
+    session = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "-p", "tests.session", "-q",
                                 "-p", "no:cacheprovider", str(tmp_path / "test_sleepers.py")],
                                cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections import deque
@@ -169,9 +170,13 @@ _worker_tokenizer: ChunkTokenizer | None = None
 
 def _start_worker(tokenizer: ChunkTokenizer, parent: int) -> None:
     """A worker holds the tokenizer (inherited through fork, nothing pickled) and exits when the
-    process that started it is gone, so a run killed with -9 leaves no worker behind."""
+    process that started it is gone, so a run killed with -9 leaves no worker behind. SIGTERM (what
+    `Pool.terminate` sends at the end) gets its default action back: a Python handler inherited from the
+    parent (Lightning's, the test session's) runs only in the main thread, which waits in a semaphore
+    while the signal may go to the thread below, so the worker would never exit and the fit would hang."""
     global _worker_tokenizer
     _worker_tokenizer = tokenizer
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def exit_with_parent() -> None:
         while os.getppid() == parent:
