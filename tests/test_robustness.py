@@ -248,7 +248,7 @@ def test_an_export_naming_the_old_module_path_still_loads(method_name, new_path,
 
     assert not (Path(methods.__file__).parents[1] / (old_path.rsplit(".", 1)[0].replace(".", "/") + ".py")).exists()
     torch.manual_seed(0)
-    method = getattr(methods, method_name)(tiny_bert)
+    method = build_method(getattr(methods, method_name), tiny_bert)
     folder = export(method, tmp_path / "export")
     modules = json.loads((folder / "modules.json").read_text())
     assert modules[0]["type"] == new_path
