@@ -176,7 +176,9 @@ def spherical_kmeans(embeddings: Tensor, k: int, seed: int = 0, niter: int = 20)
         raise ValueError(f"K={k} is larger than the number of embeddings ({embeddings.shape[0]}).")
     x = F.normalize(embeddings.detach().float(), dim=-1)
     first = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))[:k]
-    centroids = x.index_select(0, first.to(x.device))
+    if x.device.type == "cuda":  # a pageable host-to-device copy waits for the device
+        first = first.pin_memory()
+    centroids = x.index_select(0, first.to(x.device, non_blocking=True))
     for _ in range(niter):
         update_centroids(centroids, x, cosine_matrix(x, centroids).argmax(dim=1), gamma=1.0)
         centroids = F.normalize(centroids, dim=-1)
