@@ -20,7 +20,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.build import build_method  # noqa: E402
 
 # operator name fragments -> group, first match wins
 GROUPS = [

@@ -171,6 +171,34 @@ def test_windowed_attention_of_rows_of_very_different_lengths_has_finite_gradien
         torch.testing.assert_close(out[short], expected)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_aligned_kernel_equals_attention_sentence_by_sentence(causal: bool) -> None:
+    """The aligned kernel (heads gathered both ways, padding repeating each sentence's last token) on SDPA
+    and on our GEMMs (a soft-cap of 1e9: the identity to 1e-18), grouped-query heads, against SDPA on each
+    sentence alone: the output and every gradient, to 1e-12 in float64."""
+    lengths = [3, 1, 5, 4]
+    layout = TokenLayout.from_mask(torch.arange(6)[None] < torch.tensor(lengths)[:, None])
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(13, 4, 8, generator=generator, dtype=torch.float64)
+    key, value = torch.randn(2, 13, 2, 8, generator=generator, dtype=torch.float64)
+    weights = torch.randn(13, 4, 8, generator=generator, dtype=torch.float64)
+    reference = [t.clone().requires_grad_() for t in (query, key, value)]
+    outs, start = [], 0
+    for length in lengths:
+        q, k, v = (t[start:start + length].transpose(0, 1) for t in reference)
+        k, v = k.repeat_interleave(2, 0), v.repeat_interleave(2, 0)
+        outs.append(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.5).transpose(0, 1))
+        start += length
+    (torch.cat(outs) * weights).sum().backward()
+    for softcap in (None, 1e9):
+        ours = [t.clone().requires_grad_() for t in (query, key, value)]
+        out = aligned_attention(*ours, layout, 0.5, 0.0, causal=causal, window=None, softcap=softcap, prefix=None)
+        torch.testing.assert_close(out, torch.cat(outs).detach(), atol=1e-12, rtol=1e-12)
+        (out * weights).sum().backward()
+        for mine, other in zip(ours, reference):
+            torch.testing.assert_close(mine.grad, other.grad, atol=1e-12, rtol=1e-12)
+
+
 def test_token_layout_round_trip() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]])
     layout = TokenLayout.from_mask(mask)
@@ -178,7 +206,7 @@ def test_token_layout_round_trip() -> None:
     packed = layout.pack(padded)
     assert packed.flatten().tolist() == [0.0, 1.0, 3.0, 6.0, 7.0, 8.0]
     assert layout.unpack(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
-    assert layout.align(packed).flatten().tolist() == [0.0, 1.0, 0.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]
+    assert layout.align_heads(packed[:, None]).flatten().tolist() == [0.0, 1.0, 1.0, 3.0, 3.0, 3.0, 6.0, 7.0, 8.0]
 
 
 def test_token_layout_aligns_left_padded_rows() -> None:
@@ -187,8 +215,9 @@ def test_token_layout_aligns_left_padded_rows() -> None:
     layout = TokenLayout.from_mask(mask)
     packed = layout.pack(torch.arange(9.0).view(3, 3, 1))
     assert packed.flatten().tolist() == [1.0, 2.0, 5.0, 6.0, 7.0, 8.0]
-    assert layout.align(packed).flatten().tolist() == [1.0, 2.0, 0.0, 5.0, 0.0, 0.0, 6.0, 7.0, 8.0]
-    assert layout.unalign(layout.align(packed)).equal(packed)
+    aligned = layout.align_heads(packed[:, None])  # padding repeats the sentence's last token
+    assert aligned.flatten().tolist() == [1.0, 2.0, 2.0, 5.0, 5.0, 5.0, 6.0, 7.0, 8.0]
+    assert layout.unalign_heads(aligned)[:, 0].equal(packed)
     assert layout.key_mask().tolist() == [[True, True, False], [True, False, False], [True, True, True]]
 
 

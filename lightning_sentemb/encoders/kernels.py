@@ -208,7 +208,7 @@ def aligned_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLa
     bands, whichever side the batch was padded on), SDPA with a boolean mask, or `math_attention`
     (dropout on CPU, soft-capping)."""
     heads, kv_heads = query.shape[1], key.shape[1]
-    query, key, value = (layout.align(t).transpose(1, 2) for t in (query, key, value))  # (batch, h, width, d)
+    query, key, value = (layout.align_heads(t) for t in (query, key, value))  # (batch, h, width, d)
     real = layout.key_mask()
     mask = real[:, None, None, :]
     if causal or window:
@@ -227,7 +227,7 @@ def aligned_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLa
     else:
         context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p, scale=scale,
                                                  enable_gqa=kv_heads != heads)
-    return layout.unalign(context.transpose(1, 2))
+    return layout.unalign_heads(context)
 
 
 def math_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, dropout_p: float, scale: float,
@@ -240,6 +240,10 @@ def math_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, drop
     query (batch, heads, length, d); key, value (batch, kv_heads, key_length, d): the query heads of a
     key/value head are stacked along the length instead of copying its keys per head. `mask` broadcasts
     to (batch, heads, length, key_length), True where a query may see a key."""
+    if query.device.type == "cpu" and query.dtype in HALF:  # fp32 as SDPA on CPU; bf16 GEMMs: 50x slower on AVX2
+        with torch.autocast("cpu", enabled=False):
+            context = math_attention(query.float(), key.float(), value.float(), mask, dropout_p, scale, softcap)
+        return context.to(value.dtype)
     batch, heads, length, head_dim = query.shape
     kv_heads, key_length = key.shape[1], key.shape[2]
     groups = heads // kv_heads

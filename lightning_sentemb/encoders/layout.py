@@ -29,6 +29,7 @@ class TokenLayout:
         self.offsets = offsets
         self.host_lengths = host_lengths
         self.width = width
+        self._head_rows: dict[int, tuple[Tensor, Tensor]] = {}
 
     @classmethod
     def from_mask(cls, attention_mask: Tensor) -> TokenLayout:
@@ -83,18 +84,44 @@ class TokenLayout:
 
     def unpack(self, packed: Tensor) -> Tensor:
         """(tokens, ...) -> (batch, width, ...) in the input's layout, zeros at padding."""
-        return self._scatter(packed, self.index)
-
-    def align(self, packed: Tensor) -> Tensor:
-        """(tokens, ...) -> (batch, width, ...) with each sentence from position 0."""
-        return self._scatter(packed, self.aligned)
-
-    def unalign(self, aligned: Tensor) -> Tensor:
-        return aligned.flatten(0, 1).index_select(0, self.aligned)
-
-    def _scatter(self, packed: Tensor, index: Tensor) -> Tensor:
         out = packed.new_zeros(self.batch * self.width, *packed.shape[1:])
-        return out.index_copy(0, index, packed).unflatten(0, (self.batch, self.width))
+        return out.index_copy(0, self.index, packed).unflatten(0, (self.batch, self.width))
+
+    def align_heads(self, packed: Tensor) -> Tensor:
+        """(tokens, heads, d) -> (batch, heads, width, d), contiguous, each sentence from position 0: one
+        gather, no transposing copy, and a gather in backward (`_HeadGather`). Padding positions repeat the
+        sentence's last token rather than hold zeros: attention masks them as keys and `unalign_heads`
+        drops them as queries, so they get and give exact zeros in backward."""
+        tokens, heads, dim = packed.shape
+        gather, scatter, real = self.head_rows(heads)
+        out = _HeadGather.apply(packed.reshape(tokens * heads, dim), gather, scatter, None)
+        return out.view(self.batch, heads, self.width, dim)
+
+    def unalign_heads(self, aligned: Tensor) -> Tensor:
+        """(batch, heads, width, d) -> (tokens, heads, d): `align_heads` undone; its backward puts zeros at
+        padding positions (a padding query must send nothing back to the keys)."""
+        batch, heads, width, dim = aligned.shape
+        gather, scatter, real = self.head_rows(heads)
+        rows = aligned.reshape(batch * heads * width, dim)
+        return _HeadGather.apply(rows, scatter, gather, real).view(-1, heads, dim)
+
+    def head_rows(self, heads: int) -> tuple[Tensor, Tensor, Tensor]:
+        """For `heads` heads: the rows `align_heads` gathers from (tokens · heads) packed rows, those
+        `unalign_heads` gathers back, and which aligned rows are real; built on the device once per layout
+        (every layer reuses them)."""
+        if heads not in self._head_rows:
+            device, width = self.lengths.device, self.width
+            position = torch.arange(width, device=device)
+            last = (self.lengths - 1).clamp(min=0)
+            token = (self.offsets[:-1, None].long() + torch.minimum(position[None], last[:, None])).clamp(
+                max=max(sum(self.host_lengths) - 1, 0))
+            head = torch.arange(heads, device=device)
+            gather = (token[:, None, :] * heads + head[None, :, None]).flatten()
+            sentence, at = self.aligned // width, self.aligned % width
+            scatter = ((sentence * heads * width + at)[:, None] + head[None] * width).flatten()
+            real = (position[None] < self.lengths[:, None])[:, None, :].expand(-1, heads, -1).reshape(-1, 1)
+            self._head_rows[heads] = gather, scatter, real
+        return self._head_rows[heads]
 
     def key_mask(self) -> Tensor:
         """(batch, width) True at real tokens of the aligned layout."""
@@ -124,3 +151,21 @@ def layout_of(features: dict[str, Any]) -> TokenLayout:
     mask = features["attention_mask"]
     layout = features.get("layout")
     return TokenLayout.from_mask(mask) if layout is None else layout.to(mask.device)
+
+
+class _HeadGather(torch.autograd.Function):
+    """rows[index], whose backward is a gather by `inverse` too, where autograd's would be an index_add of
+    head-sized rows (several times slower on CPU). Exact where every source row is gathered once at a real
+    position and the gradients at the other (padding) positions are zeros; `real`, when given, zeros the
+    gradient at the padding positions of the output."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: Tensor, index: Tensor, inverse: Tensor, real: Tensor | None) -> Tensor:
+        ctx.save_for_backward(inverse, real)
+        return rows.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        inverse, real = ctx.saved_tensors
+        grad = grad.index_select(0, inverse)
+        return (grad if real is None else grad.masked_fill_(~real, 0)), None, None, None
