@@ -71,7 +71,8 @@ def profile_steps(precision: str, backbone: str, steps: int, sites: int = 0) -> 
         total = sum(shares.values())
         print(f"{precision}: call sites of copies and casts (share of the step's self CPU time)")
         for event in sorted(events, key=lambda e: -e.self_cpu_time_total)[:sites]:
-            print(f"  {event.self_cpu_time_total / total:.1%} {event.key} <- {' <- '.join(event.stack[:6]) or '(autograd: no Python stack)'}")
+            where = " <- ".join(event.stack[:6]) or "(autograd: no Python stack)"
+            print(f"  {event.self_cpu_time_total / total:.1%} {event.key} <- {where}")
     return shares
 
 
