@@ -80,9 +80,10 @@ def mteb_tasks(spec: str) -> list[AbsTask]:
     return tasks
 
 
-def load_task_data(tasks: Iterable[AbsTask]) -> None:
+def load_task_data(tasks: Iterable[AbsTask], option: str = "--mteb") -> None:
     """Every task's data in memory before any model loads (mteb then keeps it for every model).
-    Data neither cached nor reachable (offline, `HF_HUB_OFFLINE=1`) is one line naming the task."""
+    Data neither cached nor reachable (offline, `HF_HUB_OFFLINE=1`) is one line naming `option` and
+    the task."""
     for task in tasks:
         for part in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate task loads its parts
             try:
@@ -90,7 +91,7 @@ def load_task_data(tasks: Iterable[AbsTask]) -> None:
             except OSError as error:  # datasets' ConnectionError and FileNotFoundError, the hub's errors
                 dataset = part.metadata.dataset.get("path", "its dataset")
                 raise SentEmbUserError(
-                    f"--mteb {task.metadata.name}: its data ({dataset}) is not in the Hugging Face cache and "
+                    f"{option} {task.metadata.name}: its data ({dataset}) is not in the Hugging Face cache and "
                     f"the hub cannot be reached ({type(error).__name__}); fetch it once online: python -c "
                     f"\"import mteb; mteb.get_task('{part.metadata.name}').load_data()\"") from None
 
