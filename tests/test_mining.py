@@ -114,7 +114,7 @@ def test_bad_options_and_files_are_one_line(tmp_path: Path) -> None:
         read_pairs(bad)
 
 
-def test_cli_writes_triplets_the_supervised_path_reads(tiny_bert: str, tmp_path: Path, capsys) -> None:
+def test_cli_writes_files_the_supervised_path_reads(tiny_bert: str, tmp_path: Path, capsys) -> None:
     from lightning_sentemb.cli import main
     from lightning_sentemb.data.corpus import CorpusReader
 
@@ -132,8 +132,16 @@ def test_cli_writes_triplets_the_supervised_path_reads(tiny_bert: str, tmp_path:
     rows = [row for chunk in CorpusReader(out) for row in zip(*chunk.values())]
     assert list(next(iter(CorpusReader(out)))) == ["sent0", "sent1", "hard_neg"]
     assert len(rows) == 8 and all(neg in texts[1::2] and neg != pos for _, pos, neg in rows)
-    assert rows == triplet_rows(texts[::2], texts[1::2], mine_hard_negatives(
-        texts[::2], texts[1::2], lambda s: _tiny_bert_avg(tiny_bert)(s), MiningFilters(2, 0, 3)))
+    mined = mine_hard_negatives(texts[::2], texts[1::2], _tiny_bert_avg(tiny_bert), MiningFilters(2, 0, 3))
+    assert rows == triplet_rows(texts[::2], texts[1::2], mined)
+    # the default format: one row a pair, its two negatives in hard_neg_1, hard_neg_2
+    main(["data", "mine", str(pairs), "--model", tiny_bert, "--pooler", "avg", "--output", str(out),
+          "--num-negatives", "2", "--range-max", "3"])
+    assert "4 rows (sent0,sent1,hard_neg_1,hard_neg_2)" in capsys.readouterr().out
+    chunks = list(CorpusReader(out))
+    assert list(chunks[0]) == ["sent0", "sent1", "hard_neg_1", "hard_neg_2"]
+    assert [row for chunk in chunks for row in zip(*chunk.values())] == \
+        output_table(texts[::2], texts[1::2], mined, "columns", 2)[1]
 
 
 def _tiny_bert_avg(path: str):
