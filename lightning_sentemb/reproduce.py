@@ -57,9 +57,9 @@ def config_files(method: str | None, configs: Sequence[str]) -> list[str]:
 
 def mteb_sts_tasks() -> list:
     """MTEB's STS tasks with their data in memory, before any fit: uncached offline data is one line."""
-    from .evaluation.mteb import load_task_data, mteb_tasks
+    from .evaluation.mteb import load_task_data, named_tasks
 
-    tasks = mteb_tasks(",".join(MTEB_STS))
+    tasks = named_tasks(list(MTEB_STS))
     load_task_data(tasks, "--mteb-sts")
     return tasks
 

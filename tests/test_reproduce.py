@@ -45,8 +45,8 @@ def test_reproduce_two_seeds_prints_the_table_beside_the_paper(tiny_bert, sts_fi
     from tests.evaluation.test_mteb import local_sts_task
 
     stsb = load_sts_task("STSBenchmark", sts_fixture)
-    monkeypatch.setattr("lightning_sentemb.evaluation.mteb.mteb_tasks",
-                        lambda spec: [local_sts_task("STSBenchmark", stsb.first, stsb.second, stsb.gold)])
+    monkeypatch.setattr("lightning_sentemb.evaluation.mteb.named_tasks",
+                        lambda names: [local_sts_task("STSBenchmark", stsb.first, stsb.second, stsb.gold)])
     root = tmp_path / "repro"
     main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--seeds", "2", "--paper", "simcse", "--root", str(root),
           "--mteb-sts", "--",

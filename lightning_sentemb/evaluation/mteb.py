@@ -70,6 +70,12 @@ def mteb_tasks(spec: str) -> list[AbsTask]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise SentEmbUserError("--mteb: give task names (STSBenchmark,STS12) or a benchmark name (\"MTEB(eng, v2)\")")
+    return named_tasks(names)
+
+
+def named_tasks(names: list[str]) -> list[AbsTask]:
+    """mteb's tasks of these names (no benchmark lookup: mteb builds its benchmark registry, seconds, on
+    the first); an unknown name is one line with mteb's suggestion."""
     tasks = []
     for name in names:
         try:
