@@ -184,8 +184,7 @@ class SentEmbDataModule(LightningDataModule):
     """Training corpus + STS evaluation sets.
 
     Args:
-        train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`, or k hard
-            negatives a pair in `hard_neg_1..hard_neg_k`: `sentemb data mine`'s output);
+        train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`);
             a relative path is looked up under `data_dir`.
         data_dir: data directory (SimCSE/SentEval layout); default: `$SENTEMB_DATA`, else `./data` if it
             exists, else `../shared/data` (`data.paths.resolve_data_dir`, the rule of every command).
