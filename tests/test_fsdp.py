@@ -134,5 +134,5 @@ def test_processes_launched_outside_take_rank_zeros_decision(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.spawn(decision_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True)
+    mp.start_processes(decision_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True, start_method="fork")
     assert [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)] == ["last 1", "last 1"]
