@@ -41,7 +41,8 @@ def fit(args: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [pytest.param("clusterns", marks=pytest.mark.xfail(
+# not run (a known failure that only costs six process starts): remove `run=False` to work on it
+@pytest.mark.parametrize("case", [pytest.param("clusterns", marks=pytest.mark.xfail(run=False, strict=True,
     reason="issue 30: ClusterNS resumed under FSDP (global init) ends 1.5e-3 from DDP in its embeddings; unexplained")),
     "simcse-lora"])
 def test_fsdp_trains_resumes_and_embeds_as_ddp(case, tiny_bert, sts_fixture, corpus, tmp_path):
