@@ -45,12 +45,14 @@ demo: $(STAMP)
 
 # `exec`: pytest is make's own child, so the SIGTERM make passes on reaches it, and tests/conftest.py
 # stops the xdist workers and whatever they started with it (a shell in between would die alone).
+# `--dist worksteal`: a worker that runs out of tests takes some of the other's (the slow fits would
+# otherwise queue on one worker); tests/conftest.py gives each worker its share of the cores.
 test: $(STAMP)
-	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 --durations=15 -q
+	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 --dist worksteal --durations=15 -q
 
 # The suite without the tests marked slow.
 test-fast: $(STAMP)
-	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 -q -m "not slow"
+	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 --dist worksteal -q -m "not slow"
 
 # make train METHOD=demo/simcse ARGS='--trainer.max_steps 20 --model.init_args.lr 1e-5'
 train: $(STAMP)

@@ -27,31 +27,33 @@ def bpe_tokenizer(lines: list[str], vocab_size: int):
                                    pad_token="<|endoftext|>", model_max_length=512)
 
 
-def wiki_bpe_tokenizer():
-    """`bpe_tokenizer` trained on the wiki1m mirror, so sentences get a real LLM's token lengths."""
+def wiki_bpe_tokenizer(max_lines: int | None = None):
+    """`bpe_tokenizer` trained on the wiki1m mirror (its first `max_lines` lines: a quick check needs no
+    more), so sentences get a real LLM's token lengths."""
     from lightning_sentemb.data.paths import resolve_data_dir
 
     corpus = resolve_data_dir() / "corpora" / "wiki1m_for_simcse.txt"
-    lines = [line.strip() for line in corpus.read_text(encoding="utf8").splitlines() if line.strip()]
+    lines = [line.strip() for line in corpus.read_text(encoding="utf8").splitlines()[:max_lines] if line.strip()]
     return bpe_tokenizer(lines, BPE_VOCAB)
 
 
-def qwen2_decoder(folder: str, **sizes: int) -> str:
+def qwen2_decoder(folder: str, tokenizer_lines: int | None = None, **sizes: int) -> str:
     """A Qwen2-shaped decoder, by default of about 100M parameters (`QWEN2_100M`: grouped-query attention
     12 heads over 2 key/value heads, gated MLP 2048 wide, qkv biases; `sizes` override it) with a BPE
-    tokenizer trained on the wiki1m mirror (`wiki_bpe_tokenizer`), written to `folder` once; returns
-    `folder`."""
+    tokenizer trained on the wiki1m mirror (`wiki_bpe_tokenizer`, on `tokenizer_lines` lines), written to
+    `folder` once; returns `folder`."""
     from transformers import Qwen2Config, Qwen2Model
 
-    return wiki_bpe_decoder(folder, Qwen2Config, Qwen2Model, {**QWEN2_100M, **sizes})
+    return wiki_bpe_decoder(folder, Qwen2Config, Qwen2Model, {**QWEN2_100M, **sizes}, tokenizer_lines)
 
 
-def wiki_bpe_decoder(folder: str, config_class: Any, model_class: Any, sizes: dict[str, int]) -> str:
+def wiki_bpe_decoder(folder: str, config_class: Any, model_class: Any, sizes: dict[str, int],
+                     tokenizer_lines: int | None = None) -> str:
     """`model_class` of `sizes` with random weights and `wiki_bpe_tokenizer`, written to `folder` once;
     returns `folder`."""
     if os.path.isfile(os.path.join(folder, "config.json")):
         return folder
-    tokenizer = wiki_bpe_tokenizer()
+    tokenizer = wiki_bpe_tokenizer(tokenizer_lines)
     config = config_class(vocab_size=len(tokenizer), max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
                           bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes)
     torch.manual_seed(0)

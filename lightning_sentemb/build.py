@@ -5,12 +5,11 @@ Below every method on purpose (it imports none): `loading`, which the methods' g
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from .methods.base import SentEmbMethod
+from lightning.pytorch import LightningModule
 
-Method = TypeVar("Method", bound="SentEmbMethod")
+Method = TypeVar("Method", bound=LightningModule)
 
 
 def build_method(cls: type[Method], *args: Any, **kwargs: Any) -> Method:

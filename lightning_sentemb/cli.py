@@ -163,7 +163,7 @@ def parse_seeds(text: str) -> list[int]:
 def reproduce_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="sentemb reproduce", description="Fit once per seed, test, aggregate.",
-        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--paper NAME] [--root DIR] "
+        usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--paper NAME] [--mteb-sts] [--root DIR] "
               "[-- FIT ARGS ...]  |  sentemb reproduce --list-papers",
         epilog="Arguments after `--` are appended to every seed's `sentemb fit` "
                "(e.g. -- -c experiments/trainer/a100.yaml or -- --trainer.max_steps=50).",
@@ -174,6 +174,8 @@ def reproduce_parser() -> ArgumentParser:
     parser.add_argument("--method", help="runs experiments/METHOD.yaml")
     parser.add_argument("-c", "--config", action="append", default=[], help="config file(s), after --method's")
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("5"), help="N (seeds 0..N-1) or a,b,c")
+    parser.add_argument("--mteb-sts", action="store_true", help="also score each best checkpoint on MTEB's seven STS "
+                        "tasks (the mteb package; data from the Hugging Face cache or hub) beside SentEval's table")
     parser.add_argument("--root", default=None, help="output folder (default out/reproduce/<name>)")
     return parser
 

@@ -20,7 +20,6 @@ from tqdm.auto import tqdm
 from .callbacks.checkpointing import SentEmbCheckpoint
 from .distributed import at_decision_step
 
-
 TRAINING_LOSS = "train/loss"
 
 

@@ -9,15 +9,31 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
+from .encoders.plain import Encoder
 from .losses.mlm import mlm_loss
 
-if TYPE_CHECKING:
-    from .methods.base import SentEmbMethod
+
+class CachedMethod(Protocol):
+    """What gradient caching reads of a method (`methods.SentEmbMethod` provides it): a protocol, as the
+    methods import this module."""
+
+    encoder: Encoder
+    hparams: Any
+    device: torch.device
+    global_step: int
+
+    def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+    def project(self, embeddings: Tensor) -> Tensor: ...
+
+    def mlm_weight_at(self, step: int) -> float: ...
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 
 
 def chunk_spans(num_rows: int, chunk: int) -> list[slice]:
@@ -56,7 +72,7 @@ class RngState:
 
 
 def grad_cache_backward(
-    method: SentEmbMethod,
+    method: CachedMethod,
     batch: dict[str, Any],
     backward: Callable[[Tensor], None] = Tensor.backward,
     no_sync: Callable[[], AbstractContextManager] = nullcontext,

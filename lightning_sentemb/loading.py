@@ -7,19 +7,16 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
+from lightning.pytorch import LightningModule
 
 from .backbones import family_of
+from .build import build_method
 from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .encoders.pretrained import load_config
-from .build import build_method
 from .errors import SentEmbUserError
 from .user_code import add_user_folders, missing_module_error
-
-if TYPE_CHECKING:
-    from .methods.base import SentEmbMethod
 
 # A plain folder is embedded as SimCSE with no MLP. Named, not imported: `loading` sits below the methods
 # (their guide loads its model here), and finds every method class by name, as a checkpoint names it.
@@ -29,7 +26,7 @@ PLAIN_FOLDER_METHOD = "lightning_sentemb.methods.SimCSE"
 __all__ = ["SAFE_GLOBALS", "Embedder", "load_embedder", "load_method", "method_class", "read_checkpoint"]
 
 
-def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
+def method_class(qualified_name: str, wanted_by: str) -> type[LightningModule]:
     """The class a checkpoint names; a method outside the package is imported from the working
     directory (`user_code`), and a missing module is one line naming `wanted_by` (the checkpoint)."""
     module, _, name = qualified_name.rpartition(".")
@@ -44,7 +41,7 @@ def method_class(qualified_name: str, wanted_by: str) -> type[SentEmbMethod]:
 
 def load_method(
     path: str, pooler: str | None = None, map_location: str = "cpu", trust_checkpoint: bool = False, **overrides
-) -> SentEmbMethod:
+) -> LightningModule:
     """A method ready to `encode`.
 
     `path` is a `.ckpt` written by `sentemb fit` (the method class is stored in it, and so is its

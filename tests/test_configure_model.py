@@ -101,6 +101,7 @@ def shard_worker(rank: int, init_file: str, backbones: list[str]) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs)
     torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     for backbone in backbones:
@@ -121,8 +122,9 @@ def test_fsdp_wraps_every_transformer_layer_of_each_family(tiny_bert, tiny_qwen2
     strategy = Trainer(strategy="fsdp_layers", accelerator="cpu", devices=2, logger=False,
                        enable_checkpointing=False).strategy  # the preset's name
     assert isinstance(strategy, LayerFSDPStrategy)
-    torch.multiprocessing.spawn(shard_worker, args=(str(tmp_path / "init"), [tiny_bert, tiny_qwen2, tiny_modernbert]),
-                                nprocs=2, join=True)
+    # fork: the ranks start with this process's imports (spawn re-imports torch and transformers in each)
+    torch.multiprocessing.start_processes(shard_worker, args=(str(tmp_path / "init"), [tiny_bert, tiny_qwen2,
+                                          tiny_modernbert]), nprocs=2, join=True, start_method="fork")
 
 
 @pytest.mark.parametrize("option", ["grad_cache_chunk", "load_in_4bit"])

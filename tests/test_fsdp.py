@@ -41,7 +41,8 @@ def fit(args: list[str]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [pytest.param("clusterns", marks=pytest.mark.xfail(
+# not run (a known failure that only costs six process starts): remove `run=False` to work on it
+@pytest.mark.parametrize("case", [pytest.param("clusterns", marks=pytest.mark.xfail(run=False, strict=True,
     reason="issue 30: ClusterNS resumed under FSDP (global init) ends 1.5e-3 from DDP in its embeddings; unexplained")),
     "simcse-lora"])
 def test_fsdp_trains_resumes_and_embeds_as_ddp(case, tiny_bert, sts_fixture, corpus, tmp_path):
@@ -134,5 +135,5 @@ def test_processes_launched_outside_take_rank_zeros_decision(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    mp.spawn(decision_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True)
+    mp.start_processes(decision_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True, start_method="fork")
     assert [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)] == ["last 1", "last 1"]

@@ -5,7 +5,8 @@ Read from the source with `ast`, without importing anything. What counts as an i
 - every `import` / `from … import` statement, at module level AND inside functions: a lazy import
   only postpones the circle to the first call (and hides it from a module-level check);
 - importing `a.b.c` also runs the packages `a.b` above it (their `__init__`), so those count too;
-- imports under `if TYPE_CHECKING:` do not count: they never run (annotations only).
+- imports under `if TYPE_CHECKING:` count as well: a type checker follows them, and an annotation that
+  needs a module above names a protocol or a base class instead.
 """
 
 from __future__ import annotations
@@ -29,23 +30,12 @@ def modules() -> dict[str, tuple[Path, bool]]:
     return found
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skipped.update(id(n) for statement in node.body for n in ast.walk(statement))
-    return skipped
-
-
 def imports_of(name: str, path: Path, is_package: bool, known: dict) -> set[str]:
     """The package's modules that importing (or calling into) `name` runs."""
     tree = ast.parse(path.read_text(), str(path))
-    skipped = _type_checking_nodes(tree)
     here = name.split(".") if is_package else name.split(".")[:-1]
     targets = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -98,12 +88,15 @@ def test_the_package_has_no_import_cycle() -> None:
     assert cycle is None, "import circle: " + " → ".join(cycle)
 
 
-def test_the_checker_finds_a_lazy_cycle_and_ignores_type_checking() -> None:
+def test_the_checker_finds_a_lazy_cycle_and_counts_type_checking(tmp_path: Path) -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-    # a function-level import counts; one under TYPE_CHECKING does not (`export` reads methods through a
-    # protocol, and the methods' hooks name `SentEmbMethod` in annotations only)
+    # a function-level import counts, and so does one under TYPE_CHECKING (`export` reads methods through a
+    # protocol, and the methods' hooks annotate their method as a `LightningModule`)
+    module = tmp_path / "annotated.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .methods.base import SentEmbMethod\n")
+    assert "lightning_sentemb.methods.base" in imports_of(f"{NAME}.annotated", module, False, modules())
     graph = import_graph()
     assert not any(m.startswith("lightning_sentemb.methods") for m in graph["lightning_sentemb.export.model_card"])
     assert "lightning_sentemb.checkpoint_file" in graph["lightning_sentemb.console"]  # a lazy import inside fit_summary

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lightning_sentemb.errors import SentEmbUserError
-from lightning_sentemb.mining import MiningFilters, mine_hard_negatives, read_pairs, triplet_rows
+from lightning_sentemb.mining import MiningFilters, mine_hard_negatives, output_table, read_pairs, triplet_rows
 
 # Unit vectors at these angles (degrees): the cosine of two texts is cos(angle difference). The first
 # pair (q, p) sees, besides its positive p at 10° (cosine .985), the candidates c1..c5 ranked
@@ -114,7 +114,7 @@ def test_bad_options_and_files_are_one_line(tmp_path: Path) -> None:
         read_pairs(bad)
 
 
-def test_cli_writes_triplets_the_supervised_path_reads(tiny_bert: str, tmp_path: Path, capsys) -> None:
+def test_cli_writes_files_the_supervised_path_reads(tiny_bert: str, tmp_path: Path, capsys) -> None:
     from lightning_sentemb.cli import main
     from lightning_sentemb.data.corpus import CorpusReader
 
@@ -126,14 +126,22 @@ def test_cli_writes_triplets_the_supervised_path_reads(tiny_bert: str, tmp_path:
     assert read_pairs(pairs) == (texts[::2], texts[1::2])
     out = tmp_path / "triplets.csv"
     main(["data", "mine", str(pairs), "--model", tiny_bert, "--pooler", "avg", "--output", str(out),
-          "--num-negatives", "2", "--range-max", "3", "--chunk-size", "2"])
+          "--num-negatives", "2", "--range-max", "3", "--chunk-size", "2", "--output-format", "triplets"])
     printed = capsys.readouterr().out
     assert "in the rank window [0, 3)" in printed and "negatives (at most 2 a pair): 8" in printed
     rows = [row for chunk in CorpusReader(out) for row in zip(*chunk.values())]
     assert list(next(iter(CorpusReader(out)))) == ["sent0", "sent1", "hard_neg"]
     assert len(rows) == 8 and all(neg in texts[1::2] and neg != pos for _, pos, neg in rows)
-    assert rows == triplet_rows(texts[::2], texts[1::2], mine_hard_negatives(
-        texts[::2], texts[1::2], lambda s: _tiny_bert_avg(tiny_bert)(s), MiningFilters(2, 0, 3)))
+    mined = mine_hard_negatives(texts[::2], texts[1::2], _tiny_bert_avg(tiny_bert), MiningFilters(2, 0, 3))
+    assert rows == triplet_rows(texts[::2], texts[1::2], mined)
+    # the default format: one row a pair, its two negatives in hard_neg_1, hard_neg_2
+    main(["data", "mine", str(pairs), "--model", tiny_bert, "--pooler", "avg", "--output", str(out),
+          "--num-negatives", "2", "--range-max", "3"])
+    assert "4 rows (sent0,sent1,hard_neg_1,hard_neg_2)" in capsys.readouterr().out
+    chunks = list(CorpusReader(out))
+    assert list(chunks[0]) == ["sent0", "sent1", "hard_neg_1", "hard_neg_2"]
+    assert [row for chunk in chunks for row in zip(*chunk.values())] == \
+        output_table(texts[::2], texts[1::2], mined, "columns", 2)[1]
 
 
 def _tiny_bert_avg(path: str):
@@ -141,3 +149,86 @@ def _tiny_bert_avg(path: str):
 
     embedder = load_embedder(path, "avg")
     return lambda sentences: embedder.encode(sentences)
+
+
+# Four pairs on the circle, (q, p), (y, a), (z, b), (w, c): besides its positive q sees a (.996), b (.940),
+# c (.866); y (180°) sees c (-.866), b (-.940), p (-.985); z (260°) sees a (-.259), p (-.342), c (-.643);
+# w (100°) sees b (.174), p (0), a (-.087).
+SMALL = {"q": 0, "p": 10, "a": 5, "b": 20, "c": 30, "y": 180, "z": 260, "w": 100}
+
+
+def small_circle(sentences: list[str]) -> np.ndarray:
+    radians = np.deg2rad([SMALL[s] for s in sentences])
+    return np.stack([np.cos(radians), np.sin(radians)], axis=1)
+
+
+def test_columns_hold_each_pairs_negatives_and_drop_pairs_with_fewer() -> None:
+    """Two negatives a pair under --max-score 0.9: q keeps only c (a and b score above .9), so the
+    columns file drops q and the triplets file keeps it."""
+    anchors, positives = ["q", "y", "z", "w"], ["p", "a", "b", "c"]
+    mined = mine_hard_negatives(anchors, positives, small_circle, MiningFilters(num_negatives=2, max_score=0.9))
+    assert output_table(anchors, positives, mined, "columns", 2) == (
+        ["sent0", "sent1", "hard_neg_1", "hard_neg_2"], [("y", "a", "c", "b"), ("z", "b", "a", "p"), ("w", "c", "b", "p")])
+    assert output_table(anchors, positives, mined, "triplets", 2) == (
+        ["sent0", "sent1", "hard_neg"],
+        [("q", "p", "c"), ("y", "a", "c"), ("y", "a", "b"), ("z", "b", "a"), ("z", "b", "p"), ("w", "c", "b"),
+         ("w", "c", "p")])
+    one = mine_hard_negatives(anchors, positives, small_circle, MiningFilters(max_score=0.9))
+    assert output_table(anchors, positives, one, "columns", 1) == output_table(anchors, positives, one, "triplets", 1) \
+        == (["sent0", "sent1", "hard_neg"], [("q", "p", "c"), ("y", "a", "c"), ("z", "b", "a"), ("w", "c", "b")])
+
+
+def test_the_columns_file_trains_with_every_negative_in_the_anchors_batch(tmp_path: Path, tiny_bert: str) -> None:
+    """The corpus reads hard_neg_1..k in order; the collator makes them views 3..2+k; the loss is SimCSE's
+    with each anchor's k own negatives weighted, by hand."""
+    import csv as csv_module
+    from types import SimpleNamespace
+
+    import torch
+    import torch.nn.functional as F
+
+    from lightning_sentemb.build import build_method
+    from lightning_sentemb.data.corpus import CorpusReader, nli_columns
+    from lightning_sentemb.losses.info_nce import InfoNCELoss
+    from lightning_sentemb.methods import SimCSE
+
+    path = tmp_path / "mined.csv"
+    with open(path, "w", newline="") as file:
+        csv_module.writer(file).writerows([("hard_neg_2", "sent0", "sent1", "hard_neg_1"), ("n2", "s0", "s1", "n1")])
+    assert next(iter(CorpusReader(path))) == {"sent0": ["s0"], "sent1": ["s1"], "hard_neg_1": ["n1"], "hard_neg_2": ["n2"]}
+    for header, problem in [(["sent0", "sent1", "hard_neg", "hard_neg_1"], "both"), (["sent0", "sent1", "hard_neg_2"], "gaps"),
+                            (["sent0", "hard_neg_1"], "needs a header")]:
+        with pytest.raises(SentEmbUserError, match=f"x.csv: an NLI csv .*{problem}"):
+            nli_columns(header, "x.csv")
+
+    method = build_method(SimCSE, tiny_bert)
+    ids = {t: method.encoder.format.sentence_ids([t])[0] for t in ("s0", "s1", "n1", "n2")}
+    batch = method.collate([{"hard_neg_2": ids["n2"], "sent0": ids["s0"], "hard_neg_1": ids["n1"], "sent1": ids["s1"]}])
+    assert batch["num_views"] == 4
+    assert method.encoder.format.tokenizer.batch_decode(batch["features"]["input_ids"], skip_special_tokens=True) \
+        == ["s0", "s1", "n1", "n2"]
+
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(4 * 3, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05, hard_negative_weight=0.5), guide=None)
+    loss, _ = SimCSE.embedding_loss(stub, rows, {"num_views": 4})
+    anchors, columns = rows[:3], rows[3:]  # positives 0..2, first negatives 3..5, second negatives 6..8
+    by_hand = [F.cross_entropy((F.cosine_similarity(anchors[i, None], columns, dim=-1) / 0.05
+                                + torch.tensor([0.5 if j in (3 + i, 6 + i) else 0.0 for j in range(9)],
+                                               dtype=torch.float64))[None], torch.tensor([i])) for i in range(3)]
+    torch.testing.assert_close(loss, torch.stack(by_hand).mean(), rtol=1e-12, atol=1e-12)
+
+
+def test_an_stsb_file_gives_its_pairs_scored_at_least_min_score(tmp_path: Path) -> None:
+    stsb = tmp_path / "sts-train.csv"
+    stsb.write_text("main-captions\tMSRvid\t2012test\t0001\t5.000\ta plane is taking  off .\tan air plane is taking off .\n"
+                    "main-captions\tMSRvid\t2012test\t0004\t3.800\ta man plays a flute .\ta man is playing a flute .\textra\n"
+                    "main-captions\tMSRvid\t2012test\t0005\t4.000\ta cat \"sleeps\" .\ta cat is asleep .\n")
+    assert read_pairs(stsb, 4.0) == (["a plane is taking off .", 'a cat "sleeps" .'],
+                                     ["an air plane is taking off .", "a cat is asleep ."])
+    with pytest.raises(SentEmbUserError, match="sts-train.csv is an STS Benchmark file .*--min-score 4"):
+        read_pairs(stsb)
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("sent0,sent1\na,b\n")
+    with pytest.raises(SentEmbUserError, match="--min-score: .*pairs.csv is not an STS Benchmark file"):
+        read_pairs(pairs, 4.0)

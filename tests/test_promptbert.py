@@ -265,10 +265,10 @@ def check_demo_fit(config: str, tmp_path: Path, data: Path) -> None:
 
     root = tmp_path / "run"
     fit = "--trainer.max_steps 3 --trainer.val_check_interval 3 --trainer.limit_val_batches 2"
-    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.cache_dir {root / 'cache'}"))
+    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.batch_size 16 --data.eval_batch_size 64 --data.cache_dir {root / 'cache'}"))
     checkpoint = root / "checkpoints" / "best.ckpt"
     assert checkpoint.exists()
-    test = f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2"
+    test = f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2 --data.eval_batch_size 64"
     main(cli_args("test", config, root, data, test))
     method = load_method(str(checkpoint))
     expected = method.encode(SENTENCES)

@@ -187,7 +187,10 @@ class DecoderFamily(BackboneFamily):
 def family_of(config: PreTrainedConfig) -> BackboneFamily:
     """The family of a backbone config: a known one, else the generic encoder (masked LMs) or decoder
     (causal LMs); anything else is refused."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     from . import FAMILIES
 

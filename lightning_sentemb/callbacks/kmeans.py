@@ -34,8 +34,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from lightning_sentemb.losses.info_nce import cosine_matrix
 from lightning_sentemb.distributed import at_decision_step, broadcast_from_rank_zero
+from lightning_sentemb.losses.info_nce import cosine_matrix
 from lightning_sentemb.precision import exact_fp32
 
 __all__ = [

@@ -15,11 +15,12 @@ import hashlib
 import io
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain, islice
 from pathlib import Path
@@ -36,7 +37,7 @@ from ..console import progress_bar
 from ..errors import SentEmbUserError
 from .paths import default_cache_dir, require_file
 
-NLI_COLUMNS = ("sent0", "sent1", "hard_neg")
+NUMBERED_HARD_NEGATIVE = re.compile(r"hard_neg_([1-9][0-9]*)")
 CACHE_VERSION = "2"  # 2: streamed, token ids as int32
 CHUNK_ROWS = 2000  # examples per tokenizer call, per task of a worker and per Arrow record batch
 BLOCK_BYTES = 1 << 20  # bytes read from the corpus at a time (extended to the end of its last line)
@@ -49,12 +50,30 @@ def default_tokenize_workers() -> int:
     return max(1, min(cpus, 8))
 
 
+def nli_columns(header: Collection[str], source: str = "an NLI csv") -> list[str]:
+    """The training columns of an NLI csv's header (or of a tokenized example's keys), in view order:
+    `sent0` (anchor), `sent1` (positive), then the hard negatives: `hard_neg`, or `hard_neg_1` ...
+    `hard_neg_k` (`sentemb data mine --output-format columns`: k negatives of each pair, all in the
+    anchor's batch). Other columns are ignored."""
+    numbered = sorted(int(m[1]) for c in header if (m := NUMBERED_HARD_NEGATIVE.fullmatch(c)))
+    problem = ("needs a header with sent0,sent1[,hard_neg] or sent0,sent1,hard_neg_1,...,hard_neg_k"
+               if not {"sent0", "sent1"} <= set(header) else
+               "has both hard_neg and hard_neg_k columns; keep one kind" if numbered and "hard_neg" in header else
+               "numbers its hard_neg_k columns with gaps; number them 1..k" if numbered != list(range(1, len(numbered) + 1))
+               else None)
+    if problem:
+        raise SentEmbUserError(f"{source}: an NLI csv {problem}; got {list(header)}")
+    negatives = ["hard_neg"] if "hard_neg" in header else [f"hard_neg_{k}" for k in numbered]
+    return ["sent0", "sent1", *negatives]
+
+
 # ----- reading ----------------------------------------------------------------------------------
 class CorpusReader:
     """The corpus as chunks of at most `CHUNK_ROWS` examples, {column: [text]}, read as it goes.
 
     `.txt`: one sentence a line (column `sent0`); blank lines are skipped and counted in
-    `blank_lines`. `.csv`: SimCSE's NLI file with header `sent0,sent1[,hard_neg]`. Lines are those
+    `blank_lines`. `.csv`: SimCSE's NLI file with header `sent0,sent1[,hard_neg]`, or with k hard negatives
+    a pair `sent0,sent1,hard_neg_1,...,hard_neg_k` (`nli_columns`). Lines are those
     of `str.splitlines` (as reading the whole file would give). Reading stops after `max_examples`
     examples (the rest of the file is not read, nor checked). `bytes_read` follows the progress.
 
@@ -107,10 +126,7 @@ class CorpusReader:
         # quoted fields may span lines: the csv reader gets the lines of every block in turn
         lines = chain.from_iterable(io.StringIO(text, newline="") for text in self._text_blocks())
         reader = csv.DictReader(lines)
-        columns = [c for c in NLI_COLUMNS if c in (reader.fieldnames or [])]
-        if columns[:2] != ["sent0", "sent1"]:
-            raise SentEmbUserError(f"{self.path}: an NLI csv needs a header with sent0,sent1[,hard_neg]; "
-                                   f"got {reader.fieldnames}")
+        columns = nli_columns(reader.fieldnames or [], str(self.path))
         while rows := list(islice(reader, CHUNK_ROWS)):
             yield {column: [row[column] for row in rows] for column in columns}
 

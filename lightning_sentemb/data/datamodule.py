@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -19,8 +19,14 @@ from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
 from .paths import MissingDataError, require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
 
-if TYPE_CHECKING:
-    from ..methods.collator import Collator
+
+class Collator(Protocol):
+    """A method's collator as the loaders use it (`methods.collator.Collator`; the data layer sits below
+    the methods and does not import them)."""
+
+    generator: torch.Generator
+
+    def __call__(self, examples: list[Any]) -> dict[str, Any]: ...
 
 
 class StsPairs(Dataset):

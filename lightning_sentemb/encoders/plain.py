@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of

@@ -70,6 +70,12 @@ def mteb_tasks(spec: str) -> list[AbsTask]:
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
         raise SentEmbUserError("--mteb: give task names (STSBenchmark,STS12) or a benchmark name (\"MTEB(eng, v2)\")")
+    return named_tasks(names)
+
+
+def named_tasks(names: list[str]) -> list[AbsTask]:
+    """mteb's tasks of these names (no benchmark lookup: mteb builds its benchmark registry, seconds, on
+    the first); an unknown name is one line with mteb's suggestion."""
     tasks = []
     for name in names:
         try:
@@ -80,9 +86,10 @@ def mteb_tasks(spec: str) -> list[AbsTask]:
     return tasks
 
 
-def load_task_data(tasks: Iterable[AbsTask]) -> None:
+def load_task_data(tasks: Iterable[AbsTask], option: str = "--mteb") -> None:
     """Every task's data in memory before any model loads (mteb then keeps it for every model).
-    Data neither cached nor reachable (offline, `HF_HUB_OFFLINE=1`) is one line naming the task."""
+    Data neither cached nor reachable (offline, `HF_HUB_OFFLINE=1`) is one line naming `option` and
+    the task."""
     for task in tasks:
         for part in getattr(task.metadata, "tasks", None) or [task]:  # an aggregate task loads its parts
             try:
@@ -90,7 +97,7 @@ def load_task_data(tasks: Iterable[AbsTask]) -> None:
             except OSError as error:  # datasets' ConnectionError and FileNotFoundError, the hub's errors
                 dataset = part.metadata.dataset.get("path", "its dataset")
                 raise SentEmbUserError(
-                    f"--mteb {task.metadata.name}: its data ({dataset}) is not in the Hugging Face cache and "
+                    f"{option} {task.metadata.name}: its data ({dataset}) is not in the Hugging Face cache and "
                     f"the hub cannot be reached ({type(error).__name__}); fetch it once online: python -c "
                     f"\"import mteb; mteb.get_task('{part.metadata.name}').load_data()\"") from None
 

@@ -57,11 +57,14 @@ def evaluate_sts(
     return scores
 
 
+# the papers' column names of the tasks whose names differ
+SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
+
+
 def format_table(rows: dict[str, dict[str, float]]) -> str:
     """Markdown table, one row per model/run, columns in the papers' order."""
     columns = list(next(iter(rows.values())).keys())
-    short = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
-    header = "| model | " + " | ".join(short.get(c, c) for c in columns) + " |"
+    header = "| model | " + " | ".join(SHORT_NAMES.get(c, c) for c in columns) + " |"
     lines = [header, "|" + "---|" * (len(columns) + 1)]
     for name, scores in rows.items():
         lines.append(f"| {name} | " + " | ".join(f"{scores[c]:.2f}" for c in columns) + " |")

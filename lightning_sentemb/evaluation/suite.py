@@ -18,7 +18,6 @@ from . import parse_evaluators
 from .metrics import TaskLabelledEncode
 from .sts import evaluate_sts
 
-
 # A capped transfer split keeps at least this many examples of each class (when it has them): enough
 # for the 10 cross-validation folds and the 16-shot draws.
 MIN_PER_CLASS = 20

@@ -40,16 +40,19 @@ def info_nce(
     return F.cross_entropy(logits, labels)
 
 
-def hard_negative_bias(labels: Tensor, num_positive_columns: int, weight: float) -> Tensor:
-    """Logit bias adding `weight` to each anchor's own hard-negative column.
+def hard_negative_bias(labels: Tensor, num_positive_columns: int, weight: float, per_anchor: int = 1) -> Tensor:
+    """Logit bias adding `weight` to each anchor's own hard-negative columns.
 
-    The hard negatives sit after the `num_positive_columns` positive columns, in the same order,
-    so anchor i's hard negative is column `num_positive_columns + labels[i]`. This is SimCSE's
-    `hard_negative_weight` (added to the scaled logit, i.e. a factor exp(weight) in the softmax;
-    0 leaves hard negatives unweighted, as in the paper's main results).
+    The hard negatives sit after the `num_positive_columns` positive columns in `per_anchor` blocks
+    (the first hard negative of every example, then the second, ...), each in the positives' order,
+    so anchor i's j-th hard negative is column `(1 + j) · num_positive_columns + labels[i]`. This is
+    SimCSE's `hard_negative_weight` (added to the scaled logit, i.e. a factor exp(weight) in the
+    softmax; 0 leaves hard negatives unweighted, as in the paper's main results).
     """
-    bias = torch.zeros(labels.numel(), 2 * num_positive_columns, device=labels.device)
-    bias[torch.arange(labels.numel(), device=labels.device), num_positive_columns + labels] = weight
+    bias = torch.zeros(labels.numel(), (1 + per_anchor) * num_positive_columns, device=labels.device)
+    rows = torch.arange(labels.numel(), device=labels.device)
+    for j in range(per_anchor):
+        bias[rows, (1 + j) * num_positive_columns + labels] = weight
     return bias
 
 
@@ -65,10 +68,12 @@ class InfoNCELoss(nn.Module):
         self, anchors: Tensor, positives: Tensor, labels: Tensor, hard_negatives: Tensor | None = None,
         drop: Tensor | None = None,
     ) -> Tensor:
-        """`drop`: (n, columns) bool over the positives then the hard negatives (see `info_nce`)."""
+        """`hard_negatives`: one or more blocks of `positives`' size (`hard_negative_bias`); `drop`:
+        (n, columns) bool over the positives then the hard negatives (see `info_nce`)."""
         if hard_negatives is None:
             return info_nce(anchors, positives, labels, self.temperature, drop=drop)
-        bias = hard_negative_bias(labels, positives.size(0), self.hard_negative_weight)
+        per_anchor = hard_negatives.size(0) // positives.size(0)
+        bias = hard_negative_bias(labels, positives.size(0), self.hard_negative_weight, per_anchor)
         return info_nce(anchors, torch.cat([positives, hard_negatives]), labels, self.temperature, bias, drop)
 
     def get_config_dict(self) -> dict[str, float]:

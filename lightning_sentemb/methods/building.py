@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
+from lightning.pytorch import LightningModule
 
 from ..backbones import UnsupportedBackbone, with_dropout
 from ..build import build_method
@@ -21,9 +22,6 @@ from ..encoders.memory import enable_gradient_checkpointing, from_pretrained_opt
 from ..encoders.plain import Encoder, backbone_loading
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
-
-if TYPE_CHECKING:
-    from .base import SentEmbMethod
 
 # null = padding-free; "padded" = transformers' padded forward with the kernel it picks; a kernel name = with it
 __all__ = ["build_method", "configure_backbone", "weights_device"]  # build_method: `lightning_sentemb.build`
@@ -36,7 +34,7 @@ def _warn_padding_free() -> None:
                   "padded = the padded forward that padding_free: false chose)", FutureWarning, stacklevel=4)
 
 
-def resolve_attention(method: SentEmbMethod) -> None:
+def resolve_attention(method: LightningModule) -> None:
     """The deprecated `padding_free` (said once per process) as `attn_implementation`: false = "padded";
     the hyper-parameters (and so checkpoints) keep `attn_implementation` only."""
     hp = method.hparams
@@ -48,13 +46,13 @@ def resolve_attention(method: SentEmbMethod) -> None:
     hp.padding_free = None
 
 
-def kernel_option(method: SentEmbMethod) -> dict[str, str]:
+def kernel_option(method: LightningModule) -> dict[str, str]:
     """The `from_pretrained` option of the kernel `attn_implementation` names (none for null and "padded")."""
     kernel = method.hparams.attn_implementation
     return {} if kernel in (None, "padded") else {"attn_implementation": kernel}
 
 
-def build_encoder_for(method: SentEmbMethod) -> Encoder:
+def build_encoder_for(method: LightningModule) -> Encoder:
     """The method's `build_encoder()` with a skeleton backbone that `configure_model` fills as the
     hyper-parameters say (dtype, 4-bit, dropout, attention kernel), `bidirectional` applied."""
     hp = method.hparams
@@ -76,7 +74,7 @@ def build_encoder_for(method: SentEmbMethod) -> Encoder:
                                   f"{refusal}") from None
 
 
-def check_options(method: SentEmbMethod) -> None:
+def check_options(method: LightningModule) -> None:
     """Options that cannot work together: low-precision or 4-bit weights suit a frozen backbone only
     (what trains stays fp32)."""
     hp = method.hparams
@@ -91,7 +89,7 @@ def check_options(method: SentEmbMethod) -> None:
         )
 
 
-def weights_device(method: SentEmbMethod) -> torch.device | None:
+def weights_device(method: LightningModule) -> torch.device | None:
     """Where the backbone's weights load: the trainer's root device, which Lightning numbers by its
     local rank (torchrun, SLURM and Lightning's own launcher alike). None (the CPU; 4-bit: the current
     GPU) outside a trainer, and under FSDP, which shards the module from host memory as it wraps it."""
@@ -101,7 +99,7 @@ def weights_device(method: SentEmbMethod) -> torch.device | None:
     return trainer.strategy.root_device
 
 
-def configure_backbone(method: SentEmbMethod) -> None:
+def configure_backbone(method: LightningModule) -> None:
     """Lightning's `configure_model` (also FSDP's) before the strategy wraps the module; it runs at every
     stage, and `build_method` runs it outside a trainer. The first time, the backbone loads straight from
     the checkpoint files onto this rank's device (`weights_device`) in `backbone_dtype`; then LoRA

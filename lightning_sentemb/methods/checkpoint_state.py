@@ -10,16 +10,14 @@ import json
 import math
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from transformers.utils import cached_file
 
 from ..encoders.pretrained import resolve_model_path
 from ..errors import SentEmbUserError
-
-if TYPE_CHECKING:
-    from .base import SentEmbMethod
 
 
 def backbone_identity(name: str) -> dict[str, str | None]:
@@ -35,14 +33,14 @@ def backbone_identity(name: str) -> dict[str, str | None]:
     return {"name": name, "config_sha256": digest}
 
 
-def trainable_state_keys(method: SentEmbMethod) -> set[str]:
+def trainable_state_keys(method: LightningModule) -> set[str]:
     """state_dict names of what a checkpoint of a frozen backbone keeps: the trainable tensors (every
     name of a shared one) and the state outside the encoder (e.g. ClusterNS's centroids)."""
     trainable = {name for name, p in method.named_parameters(remove_duplicate=False) if p.requires_grad}
     return trainable | {name for name in method.state_dict() if not name.startswith("encoder.")}
 
 
-def on_save_checkpoint(method: SentEmbMethod, checkpoint: dict[str, Any]) -> None:
+def on_save_checkpoint(method: LightningModule, checkpoint: dict[str, Any]) -> None:
     """Record the method class (so `sentemb evaluate/export` rebuild it from the file alone) and the
     backbone's identity; drop a frozen backbone (hyper-parameter `backbone` names it)."""
     checkpoint["sentemb_method"] = f"{type(method).__module__}.{type(method).__qualname__}"
@@ -53,7 +51,7 @@ def on_save_checkpoint(method: SentEmbMethod, checkpoint: dict[str, Any]) -> Non
         checkpoint["state_dict"] = {name: t for name, t in checkpoint["state_dict"].items() if name in keep}
 
 
-def on_load_checkpoint(method: SentEmbMethod, checkpoint: dict[str, Any]) -> None:
+def on_load_checkpoint(method: LightningModule, checkpoint: dict[str, Any]) -> None:
     """A resumed run keeps the seed of the run it continues. A checkpoint of a frozen backbone needs the
     very base it was trained on: a different config.json is one line."""
     method._run_seed = checkpoint.get("sentemb_run_seed", method._run_seed)
@@ -67,7 +65,7 @@ def on_load_checkpoint(method: SentEmbMethod, checkpoint: dict[str, Any]) -> Non
         )
 
 
-def load_state_dict(method: SentEmbMethod, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+def load_state_dict(method: LightningModule, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
     """A frozen backbone's checkpoint holds exactly `trainable_state_keys`: those are loaded (strictly:
     a missing or unknown name is an error) and the frozen weights stay as loaded from `backbone`."""
     if not strict:
@@ -76,7 +74,7 @@ def load_state_dict(method: SentEmbMethod, state_dict: Mapping[str, Any], strict
                                      assign=assign)
 
 
-def check_state_keys(method: SentEmbMethod, names: Collection[str]) -> bool:
+def check_state_keys(method: LightningModule, names: Collection[str]) -> bool:
     """Whether a checkpoint's state_dict names load strictly (False: a frozen backbone's, which holds exactly
     `trainable_state_keys`; a missing or unknown name is then an error here). The FSDP strategy asks too."""
     if not method.backbone_frozen:

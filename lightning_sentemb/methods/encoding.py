@@ -4,31 +4,27 @@ callback goes through these; `SentEmbMethod` exposes them as its methods."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
+from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from ..console import progress_bar
 from ..distributed import gather_strided_rows, world
 from ..encoders.memory import DTYPES
 
-if TYPE_CHECKING:
-    from .base import SentEmbMethod
 
-
-def sentence_features(method: SentEmbMethod, sentences: list[str]) -> dict[str, Tensor]:
+def sentence_features(method: LightningModule, sentences: list[str]) -> dict[str, Tensor]:
     """Model inputs for raw sentences at evaluation (the method's `features_from_ids`)."""
     return method.features_from_ids(method.encoder.format.sentence_ids(sentences))
 
 
-def embed_features(method: SentEmbMethod, features: dict[str, Tensor]) -> Tensor:
+def embed_features(method: LightningModule, features: dict[str, Tensor]) -> Tensor:
     """`embed` of evaluation inputs, moved to the method's device."""
     return method.embed({k: v.to(method.device, non_blocking=True) for k, v in features.items()})
 
 
-def encode_batch(method: SentEmbMethod, sentences: list[str]) -> Tensor:
+def encode_batch(method: LightningModule, sentences: list[str]) -> Tensor:
     """Embeddings of one batch of raw sentences, as the module is (no mode switch, no autocast)."""
     return method.embed_features(method.sentence_features(sentences))
 
@@ -42,7 +38,7 @@ def autocast_for(device: torch.device, precision: str) -> torch.autocast:
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
-def eval_autocast(method: SentEmbMethod) -> torch.autocast:
+def eval_autocast(method: LightningModule) -> torch.autocast:
     """`eval_precision`'s autocast; with a bf16/fp16 backbone, autocast to its dtype (its fp32 heads
     need it)."""
     dtype = DTYPES[method.hparams.backbone_dtype]
@@ -53,7 +49,7 @@ def eval_autocast(method: SentEmbMethod) -> torch.autocast:
 
 @torch.inference_mode()
 def encode(
-    method: SentEmbMethod, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+    method: LightningModule, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
     label: str = "encode",
 ) -> Tensor:
     """(n, hidden) float32 embeddings on CPU, in the input order; `label` names the progress bar
@@ -87,7 +83,7 @@ def encode(
 
 
 def encode_across_ranks(
-    method: SentEmbMethod, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
+    method: LightningModule, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
     label: str = "encode",
 ) -> Tensor:
     """`encode` with the work shared by every rank of the process group: each encodes every

@@ -22,18 +22,16 @@ the guide.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 import torch
+from lightning.pytorch import LightningModule
 from torch import Tensor
 
 from ..distributed import gather_with_grad
 from ..errors import SentEmbUserError
 from ..loading import load_method
 from ..losses.guide import MarginStrategy, false_negative_mask, masked_fraction
-
-if TYPE_CHECKING:
-    from .base import SentEmbMethod
 
 __all__ = ["GUIDE_DEFAULTS", "Guide", "GuideOption", "GuideSettings", "guide_reads_text"]
 
@@ -90,7 +88,7 @@ class Guide:
     def __init__(self, settings: GuideSettings) -> None:
         self.settings = settings
         self.is_self = settings["model"] == "self"
-        self._model: SentEmbMethod | None = None
+        self._model: LightningModule | None = None
         self._unused_by: str | None = None  # the method whose last batch's rows no loss has read yet
 
     @classmethod
@@ -98,7 +96,7 @@ class Guide:
         settings = guide_settings(option)
         return None if settings is None else cls(settings)
 
-    def model(self, device: torch.device) -> SentEmbMethod:
+    def model(self, device: torch.device) -> LightningModule:
         """The guide model on `device`, frozen and in eval mode (loaded on the first call)."""
         if self._model is None:
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from ..backbones import BackboneFamily
+from ..data.corpus import nli_columns
 from ..encoders.template import TemplateEncoder
 from ..errors import SentEmbUserError
 from .collator import Collator
@@ -62,7 +63,7 @@ class PromptBERTViews(TemplateViews):
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         n = len(examples)
         if "sent1" in examples[0]:
-            columns = [c for c in ("sent0", "sent1", "hard_neg") if c in examples[0]]
+            columns = nli_columns(examples[0])
             return self.views(examples, columns, [[0] * n] * len(columns))
         second = 1 if len(self.format.templates) > 1 else 0
         return self.views(examples, ["sent0", "sent0"], [[0] * n, [second] * n])
@@ -128,7 +129,7 @@ class PromptBERT(PromptMethod):
 
     Unsupervised (one-column corpus): view 1 under `templates[0]`, view 2 under `templates[1]`
     (the same template again when only one is given: dropout-only views). Supervised (NLI csv):
-    `sent0`, `sent1` and `hard_neg` all under `templates[0]`, as in the reference.
+    `sent0`, `sent1` and `hard_neg` (or `hard_neg_1..k`) all under `templates[0]`, as in the reference.
 
     Args:
         templates: template strings (see `encoders.template`); default by backbone family —

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from ..data.corpus import nli_columns
 from ..distributed import gather_with_grad, local_labels
 from ..losses.info_nce import InfoNCELoss
 from .base import SentEmbMethod
@@ -16,8 +18,7 @@ class SimCSEViews(Collator):
     """The sentence twice (dropout is the augmentation), or its NLI columns; MLM rows when enabled."""
 
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        columns = ["sent0", "sent1", "hard_neg"] if "sent1" in examples[0] else ["sent0", "sent0"]
-        columns = [c for c in columns if c in examples[0]]
+        columns = nli_columns(examples[0]) if "sent1" in examples[0] else ["sent0", "sent0"]
         rows = [example[column] for column in columns for example in examples]
         batch = {"features": self.format.build(rows, max_length=None), "num_views": len(columns)}
         return self.add_guide_texts(self.add_mlm_inputs(batch), rows)
@@ -26,7 +27,8 @@ class SimCSEViews(Collator):
 class SimCSE(SentEmbMethod):
     """Unsupervised when the corpus has one column (the sentence twice: dropout is the
     augmentation); supervised when it has `sent1` (entailment positive) and optionally
-    `hard_neg` (contradiction). Negatives are the global batch under DDP.
+    `hard_neg` (contradiction), or k hard negatives `hard_neg_1..k` (`data.corpus.nli_columns`), each
+    anchor's own k in its batch. Negatives are the global batch under DDP.
 
     Args:
         hard_negative_weight: SimCSE's additive logit bias on each anchor's own hard negative.
@@ -43,7 +45,7 @@ class SimCSE(SentEmbMethod):
         views = embeddings.unflatten(0, (batch["num_views"], -1))
         anchors = views[0]
         positives = gather_with_grad(views[1])
-        hard_negatives = gather_with_grad(views[2]) if batch["num_views"] == 3 else None
+        hard_negatives = torch.cat([gather_with_grad(view) for view in views[2:]]) if batch["num_views"] > 2 else None
         labels = local_labels(anchors.size(0), anchors.device)
         drop, logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
         return self.loss_fn(anchors, positives, labels, hard_negatives, drop), logs

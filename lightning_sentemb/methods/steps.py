@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 import random
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -23,11 +24,8 @@ from ..fsdp import is_sharded
 from ..losses.mlm import mlm_loss
 from .checkpoint_state import trainable_summary
 
-if TYPE_CHECKING:
-    from .base import SentEmbMethod
 
-
-def step_loss(method: SentEmbMethod, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+def step_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
     """The training objective of one batch in one forward: the method's loss plus the
     weighted MLM loss when enabled."""
     loss, logs = method.training_loss(batch)
@@ -39,7 +37,7 @@ def step_loss(method: SentEmbMethod, batch: dict[str, Any]) -> tuple[Tensor, dic
     return loss, logs
 
 
-def training_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int) -> Tensor:
+def training_step(method: LightningModule, batch: dict[str, Any], batch_idx: int) -> Tensor:
     """`step_loss`, or with `grad_cache_chunk` the whole step by gradient caching (manual optimization:
     its own backward passes and optimizer step); logs the loss and the method's values."""
     if method.hparams.grad_cache_chunk:
@@ -59,7 +57,7 @@ def training_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int) 
     return loss
 
 
-def seed_batch(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int) -> None:
+def seed_batch(method: LightningModule, batch: dict[str, Any], batch_idx: int) -> None:
     """Seed torch (CPU and CUDA), numpy and random from (run seed, rank, epoch, batch): dropout,
     SimCSE's augmentation, then depends only on where the run is, so a resumed run draws what
     the uninterrupted one drew, and ranks draw differently."""
@@ -69,7 +67,7 @@ def seed_batch(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int) -> 
     random.seed(seed)
 
 
-def on_fit_start(method: SentEmbMethod) -> None:
+def on_fit_start(method: LightningModule) -> None:
     """Log how much trains. Under DDP, no broadcast of the buffers before every forward, a
     collective per step for nothing: every rank holds the same buffers by construction (the
     backbone's constant position ids; ClusterNS's centroids, updated from the all-gathered batch
@@ -81,7 +79,7 @@ def on_fit_start(method: SentEmbMethod) -> None:
         model.broadcast_buffers = False  # its name before
 
 
-def configure_optimizers(method: SentEmbMethod) -> dict[str, Any]:
+def configure_optimizers(method: LightningModule) -> dict[str, Any]:
     """AdamW over what trains, linear warm-up then linear decay to 0 over the run's steps."""
     params = [p for p in method.parameters() if p.requires_grad]
     hp = method.hparams
@@ -93,7 +91,7 @@ def configure_optimizers(method: SentEmbMethod) -> dict[str, Any]:
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def check_trainer_options(method: SentEmbMethod) -> list:
+def check_trainer_options(method: LightningModule) -> list:
     """`configure_callbacks`: no callbacks of its own (ClusterNS adds K-means); refuses trainer options
     that gradient caching or a low-precision backbone cannot honour, before Lightning's own, less
     specific, check, and what is refused under FSDP: gradient caching (several forward and backward
@@ -131,7 +129,7 @@ def check_trainer_options(method: SentEmbMethod) -> list:
     return []
 
 
-def clip_cached_gradients(method: SentEmbMethod, optimizer: torch.optim.Optimizer) -> None:
+def clip_cached_gradients(method: LightningModule, optimizer: torch.optim.Optimizer) -> None:
     """`on_before_optimizer_step`: gradient caching steps the optimizer itself, where Lightning does not
     clip: the trainer's `gradient_clip_val` / `gradient_clip_algorithm` apply here, where automatic
     optimization clips (after DDP's gradient all-reduce and fp16's unscaling, before the step)."""

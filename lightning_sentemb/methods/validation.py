@@ -7,20 +7,18 @@ from __future__ import annotations
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
+from lightning.pytorch import LightningModule
 from torch import nn
 
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
-from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.across_ranks import evaluate_across_ranks
+from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import headline_scores
 from ..matryoshka import truncate
-
-if TYPE_CHECKING:
-    from .base import SentEmbMethod
 
 
 def sts_metrics(aggregation: str) -> nn.ModuleDict:
@@ -30,7 +28,7 @@ def sts_metrics(aggregation: str) -> nn.ModuleDict:
     })
 
 
-def sts_step(method: SentEmbMethod, batch: dict[str, Any], dim: int | None = None) -> None:
+def sts_step(method: LightningModule, batch: dict[str, Any], dim: int | None = None) -> None:
     """Cosines of a batch of STS pairs into the task's metric; on the first `dim` dimensions when given."""
     n = len(batch["first"])
     embeddings = method.encode_batch(batch["first"] + batch["second"])
@@ -40,17 +38,17 @@ def sts_step(method: SentEmbMethod, batch: dict[str, Any], dim: int | None = Non
     method.sts_metrics[batch["task"].replace(".", "_")].update(batch["index"], cosines, batch["gold"], batch["subset"])
 
 
-def validation_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+def validation_step(method: LightningModule, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
     """STS dev, on the first `matryoshka_eval_dim` dimensions when set (what selects `best.ckpt`)."""
     sts_step(method, batch, method.hparams.matryoshka_eval_dim)
 
 
-def test_step(method: SentEmbMethod, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+def test_step(method: LightningModule, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
     """STS test on every dimension."""
     sts_step(method, batch)
 
 
-def log_sts(method: SentEmbMethod, stage: str) -> dict[str, float]:
+def log_sts(method: LightningModule, stage: str) -> dict[str, float]:
     """The stage's STS scores (and their average), logged and returned; the metrics are reset."""
     datamodule = method.trainer.datamodule
     scores = {}
@@ -64,7 +62,7 @@ def log_sts(method: SentEmbMethod, stage: str) -> dict[str, float]:
     return scores
 
 
-def run_extra_evaluators(method: SentEmbMethod, stage: str) -> None:
+def run_extra_evaluators(method: LightningModule, stage: str) -> None:
     """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
     rank: each encodes its share of the sentences (`encode_across_ranks`; under FSDP every forward is a
     collective) and scores its share of the tasks (`evaluate_across_ranks`); every rank gets all results,
@@ -84,7 +82,7 @@ def run_extra_evaluators(method: SentEmbMethod, stage: str) -> None:
             logger.log_metrics(metrics, step=method.global_step)
 
 
-def on_validation_epoch_end(method: SentEmbMethod) -> None:
+def on_validation_epoch_end(method: LightningModule) -> None:
     """Log STS dev and the other evaluators; the sanity check's scores are dropped."""
     if method.trainer.sanity_checking:
         for metric in method.sts_metrics.values():
@@ -94,7 +92,7 @@ def on_validation_epoch_end(method: SentEmbMethod) -> None:
     run_extra_evaluators(method, "val")
 
 
-def on_test_epoch_end(method: SentEmbMethod) -> None:
+def on_test_epoch_end(method: LightningModule) -> None:
     """Log the STS test scores (kept as `test_results`) and the other evaluators; rank 0 prints the table."""
     method.test_results = log_sts(method, "test")
     run_extra_evaluators(method, "test")
