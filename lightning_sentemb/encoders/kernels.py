@@ -236,7 +236,8 @@ def math_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, drop
     `scaled_dot_product_attention` computes, written as batched GEMMs. With dropout on, SDPA on CPU
     falls back to its math kernel, which copies every (batch, heads, length, length) tensor several times.
     On CPU, half-precision inputs run in fp32, as in SDPA's math kernel: on a CPU without bf16 GEMMs
-    (AVX2) a bf16 bmm at 1536 × 32 × 32 × 32 took 94 ms against 1.7 ms in fp32. `softcap`: scores soft-capped as cap · tanh(scores / cap) before the mask (Gemma-2).
+    (AVX2) a bf16 bmm at 1536 × 32 × 32 × 32 took 94 ms against 1.7 ms in fp32. `softcap`: scores
+    soft-capped as cap · tanh(scores / cap) before the mask (Gemma-2).
     query (batch, heads, length, d); key, value (batch, kv_heads, key_length, d): the query heads of a
     key/value head are stacked along the length instead of copying its keys per head. `mask` broadcasts
     to (batch, heads, length, key_length), True where a query may see a key."""

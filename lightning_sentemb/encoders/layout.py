@@ -29,7 +29,7 @@ class TokenLayout:
         self.offsets = offsets
         self.host_lengths = host_lengths
         self.width = width
-        self._head_rows: dict[int, tuple[Tensor, Tensor]] = {}
+        self._head_rows: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
 
     @classmethod
     def from_mask(cls, attention_mask: Tensor) -> TokenLayout:
@@ -93,7 +93,7 @@ class TokenLayout:
         sentence's last token rather than hold zeros: attention masks them as keys and `unalign_heads`
         drops them as queries, so they get and give exact zeros in backward."""
         tokens, heads, dim = packed.shape
-        gather, scatter, real = self.head_rows(heads)
+        gather, scatter, _ = self.head_rows(heads)
         out = _HeadGather.apply(packed.reshape(tokens * heads, dim), gather, scatter, None)
         return out.view(self.batch, heads, self.width, dim)
 
