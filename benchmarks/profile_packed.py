@@ -65,7 +65,8 @@ def profile_steps(precision: str, backbone: str, steps: int, sites: int = 0) -> 
             train_step(method, batch, optimizer, clustering, bf16)
     shares: Counter = Counter()
     for event in prof.key_averages():
-        shares[group_of(event.key)] += event.self_cpu_time_total
+        if not event.key.startswith("<built-in") and ".py(" not in event.key:  # Python frames (`--sites`)
+            shares[group_of(event.key)] += event.self_cpu_time_total
     if sites:
         events = [e for e in prof.key_averages(group_by_stack_n=6) if e.key in COPIES]
         total = sum(shares.values())
