@@ -190,8 +190,8 @@ class SentEmbDataModule(LightningDataModule):
     """Training corpus + STS evaluation sets.
 
     Args:
-        train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`);
-            a relative path is looked up under `data_dir`.
+        train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`, or
+            `hard_neg_1..hard_neg_k` as `sentemb data mine` writes); a relative path is looked up under `data_dir`.
         data_dir: data directory (SimCSE/SentEval layout); default: `$SENTEMB_DATA`, else `./data` if it
             exists, else `../shared/data` (`data.paths.resolve_data_dir`, the rule of every command).
         max_seq_len: training length in tokens, special tokens included (templates come on top).
