@@ -50,10 +50,8 @@ def hard_negative_bias(labels: Tensor, num_positive_columns: int, weight: float,
     softmax; 0 leaves hard negatives unweighted, as in the paper's main results).
     """
     bias = torch.zeros(labels.numel(), (1 + per_anchor) * num_positive_columns, device=labels.device)
-    rows = torch.arange(labels.numel(), device=labels.device)
-    for j in range(per_anchor):
-        bias[rows, (1 + j) * num_positive_columns + labels] = weight
-    return bias
+    blocks = torch.arange(1, 1 + per_anchor, device=labels.device) * num_positive_columns
+    return bias.scatter_(1, blocks[None, :] + labels[:, None], weight)
 
 
 class InfoNCELoss(nn.Module):
