@@ -266,6 +266,7 @@ def test_demo_config_fits(shared_data, tmp_path, monkeypatch):
           "--trainer.val_check_interval", "3", "--trainer.limit_val_batches", "1",
           "--trainer.default_root_dir", str(tmp_path), "--trainer.log_every_n_steps", "1",
           "--data.cache_dir", str(tmp_path / "cache"), "--data.max_train_examples", "256",
-          "--data.val_tasks", "[STSBenchmark-dev]", "--data.batch_size", "32", "--data.eval_batch_size", "64"])
+          "--data.val_tasks", "[STSBenchmark-dev]", "--data.batch_size", "32", "--data.eval_batch_size", "64",
+          "--trainer.precision", "32-true"])
     assert (tmp_path / "checkpoints" / "best.ckpt").exists()
     assert "train/cluster/initialized" in logged_columns(tmp_path)

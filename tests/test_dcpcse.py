@@ -335,6 +335,7 @@ def test_demo_config_fits(shared_data, tmp_path, monkeypatch) -> None:
     main(["fit", "-c", "experiments/demo/dcpcse.yaml", "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
           "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path),
           "--data.cache_dir", str(tmp_path / "cache"), "--data.max_train_examples", "512",
-          "--data.batch_size", "16", "--data.eval_batch_size", "64"])
+          "--data.batch_size", "16", "--data.eval_batch_size", "64",
+          "--trainer.precision", "32-true"])
     checkpoint = torch.load(tmp_path / "checkpoints" / "best.ckpt", weights_only=False)
     assert all("prefix_encoder" in name or name.startswith("mlp.") for name in checkpoint["state_dict"])

@@ -139,7 +139,8 @@ def test_lightning_alias_runs_the_demo_config(shared_data, tmp_path, monkeypatch
     main(["fit", "-c", "experiments/demo/simcse.yaml", "--trainer.max_steps", "3",
           "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path),
           "--data.cache_dir", str(tmp_path / "cache"), "--data.max_train_examples", "512",
-          "--data.batch_size", "16", "--data.eval_batch_size", "64"])
+          "--data.batch_size", "16", "--data.eval_batch_size", "64",
+          "--trainer.precision", "32-true"])
     assert (tmp_path / "checkpoints" / "best.ckpt").exists() and (tmp_path / "checkpoints" / "last.ckpt").exists()
     assert "val/STSBenchmark-dev" in (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
 

@@ -259,16 +259,17 @@ def cli_args(command: str, config: str, root: Path, data: Path, options: str) ->
 
 def check_demo_fit(config: str, tmp_path: Path, data: Path) -> None:
     """A short fit and test of a demo config; its checkpoint reloads with its own pooling and
-    exports to a sentence-transformers folder that reproduces it."""
+    exports to a sentence-transformers folder that reproduces it. In fp32 (the demo tests all are): on a CPU
+    without bf16 instructions (AVX2) a bf16 step runs several times slower, and bf16 autocast has its own tests."""
     from lightning_sentemb.cli import main
     from lightning_sentemb.loading import load_method
 
     root = tmp_path / "run"
     fit = "--trainer.max_steps 3 --trainer.val_check_interval 3 --trainer.limit_val_batches 2"
-    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.batch_size 16 --data.eval_batch_size 64 --data.cache_dir {root / 'cache'}"))
+    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.batch_size 16 --data.eval_batch_size 64 --trainer.precision 32-true --data.cache_dir {root / 'cache'}"))
     checkpoint = root / "checkpoints" / "best.ckpt"
     assert checkpoint.exists()
-    test = f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2 --data.eval_batch_size 64"
+    test = f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2 --data.eval_batch_size 64 --trainer.precision 32-true"
     main(cli_args("test", config, root, data, test))
     method = load_method(str(checkpoint))
     expected = method.encode(SENTENCES)
