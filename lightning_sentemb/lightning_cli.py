@@ -27,7 +27,7 @@ from .distributed import decided_by_rank_zero
 from .errors import SentEmbUserError
 from .loggers import LogFullConfig, LoggerIds, default_loggers, resumed_run, silence_known_noise
 from .methods.base import SentEmbMethod
-from .precision import use_tf32
+from .precision import slow_bf16_notice, use_tf32
 from .user_code import add_user_folders
 
 SELECTION_METRIC = "val/STSBenchmark-dev"
@@ -106,6 +106,9 @@ class SentEmbCLI(LightningCLI):
         config names none."""
         config = self._get(self.config_init, "trainer", default={})
         use_tf32(self._get(self.config_init, "tf32"))  # before the Trainer checks the device's matmul precision
+        notice = slow_bf16_notice(config.get("precision"), config.get("accelerator"))
+        if notice and self.subcommand == "fit":
+            rank_zero_info(notice)
         if self.subcommand in ("fit", "validate", "test"):
             self.datamodule.check_data(self.subcommand)  # missing data: before the loggers make the run folder
         self._resolve_last()

@@ -40,3 +40,21 @@ def use_tf32(enabled: bool) -> None:
     `torch.set_float32_matmul_precision`, the setting Lightning reads (and warns about when left at "highest")."""
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+def cpu_runs_bf16_slowly() -> bool:
+    """True on a CPU without the instructions oneDNN needs for fast bf16 (AVX-512 BW/VL/DQ, AVX-512
+    BF16 or AMX): there each bf16 product is converted and run in fp32 element by element, and a bf16
+    training step of MiniLM took about 7x an fp32 one (an AVX2-only EPYC; docs/benchmarks.md)."""
+    return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def slow_bf16_notice(precision: object, accelerator: object) -> str | None:
+    """One line for a bf16 fit that will run on such a CPU, or None: the fit is right, only slow, so the
+    run goes on and says how to make it fast."""
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available()
+                                      and not torch.backends.mps.is_available())
+    if not (on_cpu and str(precision).startswith("bf16") and cpu_runs_bf16_slowly()):
+        return None
+    return (f"trainer.precision {precision} on a CPU without bf16 instructions (no AVX-512/AMX): each step "
+            "runs several times slower than in fp32; pass --trainer.precision 32-true to train faster")

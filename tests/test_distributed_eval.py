@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from lightning_sentemb.distributed import gather_strided_rows
 from lightning_sentemb.evaluation.across_ranks import assign_tasks
+from lightning_sentemb.lightning_cli import lightning_main
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.simcse import SimCSE
 from tests.conftest import write_sts_fixture
@@ -82,8 +83,8 @@ def evaluation_data(tmp_path_factory) -> Path:
 
 
 def validate(backbone: str, data: Path, root: Path, devices: int) -> dict[str, float]:
-    """`sentemb validate` of the untrained model in a fresh process on `devices` gloo processes; the
-    metrics rank 0 logged."""
+    """`sentemb validate` of the untrained model on `devices` gloo processes (one: in this process; two: a
+    fresh one, which Lightning's `ddp` relaunches for rank 1); the metrics rank 0 logged."""
     args = ["validate", "--model", "lightning_sentemb.methods.SimCSE", "--model.backbone", backbone,
             "--model.pooler", "cls", "--data.data_dir", str(data), "--data.eval_batch_size", "4",
             "--data.val_tasks", "[STSBenchmark-dev, SICKRelatedness-dev]",
@@ -91,9 +92,12 @@ def validate(backbone: str, data: Path, root: Path, devices: int) -> dict[str, f
             "--data.cache_dir", str(root / "cache"), "--trainer.default_root_dir", str(root),
             "--trainer.accelerator", "cpu", "--trainer.devices", str(devices), "--trainer.enable_progress_bar", "false",
             *(["--trainer.strategy", "ddp"] if devices > 1 else [])]
-    run = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], cwd=REPO, timeout=600,
-                         env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-3000:]
+    if devices == 1:
+        lightning_main(args)
+    else:
+        run = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], cwd=REPO, timeout=600,
+                             env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
     with open(next(root.glob("lightning_logs/version_*/metrics.csv"))) as file:
         rows = list(csv.DictReader(file))
     return {key: float(value) for row in rows for key, value in row.items() if value and key != "step"}

@@ -22,7 +22,8 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import resolve_last
 from lightning_sentemb.loading import load_method
 from tests.conftest import write_sts_fixture
-from tests.evaluation.conftest import write_transfer_fixture
+from tests.evaluation.conftest import write_clustering_fixture
+from tests.launch import launch
 from tests.test_resume import corpus, run_args, trained_state  # noqa: F401 (corpus: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,10 +51,12 @@ def test_fsdp_trains_resumes_and_embeds_as_ddp(case, tiny_bert, sts_fixture, cor
     common = ["--model.dropout", "0", "--model.pooler", "avg", "--trainer.devices", "2", "--trainer.precision",
               "32-true", *extra]
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    fit(run_args(method, tiny_bert, sts_fixture, corpus, ddp, 0, *common, "--trainer.strategy", "ddp",
-                 "--trainer.max_steps", "3"))
-    fit(run_args(method, tiny_bert, sts_fixture, corpus, fsdp, 0, *common, "--trainer.strategy", "fsdp_layers",
-                 "--trainer.max_steps", "2"))
+    # the DDP reference and FSDP's first 2 steps share a launch (tests/launch.py), the resume gets its own
+    first = launch([["fit", *run_args(method, tiny_bert, sts_fixture, corpus, ddp, 0, *common, "--trainer.strategy",
+                                      "ddp", "--trainer.max_steps", "3")],
+                    ["fit", *run_args(method, tiny_bert, sts_fixture, corpus, fsdp, 0, *common, "--trainer.strategy",
+                                      "fsdp_layers", "--trainer.max_steps", "2")]], tmp_path / "first.json")
+    assert first.returncode == 0, first.stderr[-3000:]
     fit(run_args(method, tiny_bert, sts_fixture, corpus, fsdp, 0, *common, "--trainer.strategy", "fsdp_layers",
                  "--trainer.max_steps", "3", "--ckpt_path", "last"))  # resumed at step 2
     reference, sharded = trained_state(ddp), trained_state(fsdp)
@@ -79,15 +82,16 @@ def test_fsdp_trains_resumes_and_embeds_as_ddp(case, tiny_bert, sts_fixture, cor
 @pytest.mark.slow
 def test_the_fsdp_preset_runs_the_demo_on_two_cpu_processes(tiny_bert, corpus, tmp_path):
     """The documented command, on the tiny model and data: bf16-mixed, validation with an extra evaluator
-    (every rank encodes through the sharded model); ClusterNS's centroids stay fp32 and move by γ 1e-3,
-    below bf16's resolution."""
-    root, data = tmp_path / "run", write_transfer_fixture(write_sts_fixture(tmp_path / "data"))
+    (every rank encodes through the sharded model: clustering, whose scoring is cheap; transfer's 10 x 10
+    folds cost a minute here, and its scoring across ranks is `test_distributed_eval.py`'s); ClusterNS's
+    centroids stay fp32 and move by γ 1e-3, below bf16's resolution."""
+    root, data = tmp_path / "run", write_clustering_fixture(write_sts_fixture(tmp_path / "data"))
     fit(["-c", "experiments/demo/simcse.yaml", "-c", "experiments/trainer/fsdp.yaml", "--trainer.accelerator", "cpu",
          "--trainer.devices", "2", "--model", "lightning_sentemb.methods.ClusterNS", "--model.backbone", tiny_bert,
          "--model.num_clusters", "2", "--model.sigma", "1.0", "--model.gamma", "1e-3", "--model.lr", "1e-3",
          "--data.data_dir", str(data), "--data.train_file", str(corpus), "--data.batch_size", "4",
          "--data.num_workers", "0", "--data.pin_memory", "false", "--data.cache_dir", str(tmp_path / "cache"),
-         "--data.val_tasks", "[STSBenchmark-dev]", "--data.val_evaluators", "[transfer]",
+         "--data.val_tasks", "[STSBenchmark-dev]", "--data.val_evaluators", "[cluster]",
          "--trainer.max_steps", "3", "--trainer.val_check_interval", "2", "--trainer.default_root_dir", str(root),
          "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"])
     best = torch.load(root / "checkpoints" / "best.ckpt", weights_only=False)

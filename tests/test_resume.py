@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,8 +17,8 @@ from lightning_sentemb.callbacks.checkpointing import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import lightning_main
 from lightning_sentemb.methods.building import build_method
+from tests.launch import launch
 
-REPO = Path(__file__).resolve().parents[1]
 MAX_STEPS, KILL_AT = 7, 3  # 20 sentences / batch 4 = 5 batches an epoch: the resume crosses an epoch
 
 METHODS = {
@@ -137,28 +135,28 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
 @pytest.mark.parametrize("method", ["clusterns"])
 def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, corpus, tmp_path):
     """The same under 2-process CPU DDP (gloo): SIGTERM on rank 0 stops both ranks at one step. ClusterNS
-    only: its step is SimCSE's plus the centroids rank 0 broadcasts (three 2-process launches a method)."""
+    only: its step is SimCSE's plus the centroids rank 0 broadcasts. Two launches (tests/launch.py): the
+    reference and then the run stopped by SIGTERM, and the resume."""
 
-    def launch(root: Path, losses: Path, *extra: str) -> subprocess.CompletedProcess:
+    def command(root: Path, losses: Path, *extra: str) -> list[str]:
         callbacks = [{"class_path": "tests.test_resume.RecordLosses", "init_args": {"path": str(losses)}}]
         callbacks += [{"class_path": "tests.test_resume.TerminateAt", "init_args": {"step": KILL_AT}}] if extra == ("kill",) else []
         config = root.parent / f"{root.name}-callbacks.yaml"
         config.write_text(json.dumps({"trainer": {"callbacks": callbacks}}))
-        args = run_args(method, tiny_bert, sts_fixture, corpus, root, 0, "--data.batch_size", "2",
-                        "--trainer.strategy", "ddp", "--trainer.devices", "2", "-c", str(config),
-                        *(a for a in extra if a != "kill"))
-        return subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, timeout=600,
-                              env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
+        return ["fit", *run_args(method, tiny_bert, sts_fixture, corpus, root, 0, "--data.batch_size", "2",
+                                 "--trainer.strategy", "ddp", "--trainer.devices", "2", "-c", str(config),
+                                 *(a for a in extra if a != "kill"))]
 
-    reference = launch(tmp_path / "reference", tmp_path / "reference.jsonl")
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    stopped = launch(tmp_path / "run", tmp_path / "run.jsonl", "kill")
+    stopped = launch([command(tmp_path / "reference", tmp_path / "reference.jsonl"),
+                      command(tmp_path / "run", tmp_path / "run.jsonl", "kill")], tmp_path / "first.json")
     assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert (tmp_path / "reference" / "checkpoints" / "last.ckpt").exists()  # the reference ran to its end first
     # under DDP the ranks agree to stop at the next decision point: here the validation of step 5
     assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 5
-    resumed = launch(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")
+    resumed = launch([command(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")], tmp_path / "resume.json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_losses(tmp_path / "run.jsonl") == read_losses(tmp_path / "reference.jsonl")
+    assert sorted(read_losses(tmp_path / "reference.jsonl")) == list(range(1, MAX_STEPS + 1))
     state, expected = trained_state(tmp_path / "run"), trained_state(tmp_path / "reference")
     assert all(torch.equal(state[k], expected[k]) for k in expected)
 

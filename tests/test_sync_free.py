@@ -156,20 +156,22 @@ def kind(owner: str, where: str) -> str:
     return f"{owner} {where}"
 
 
-def ddp_fit(case: str, backbone: str, data: str, out: str) -> None:
-    """One case under `strategy: ddp` on 2 CPU processes (Lightning relaunches
-    `python -m tests.test_sync_free` for rank 1); each rank writes its collectives, the cache file
-    it trains on and every tokenization it ran."""
+def ddp_fit(cases: str, backbone: str, data: str, out: str) -> None:
+    """Each of the comma-separated DDP_CASES under `strategy: ddp` on 2 CPU processes, one after the other
+    in one launch (a launch costs an interpreter per rank; Lightning relaunches `python -m
+    tests.test_sync_free` for rank 1, which runs the same fits); each rank writes its collectives, the
+    cache file it trains on and every tokenization it ran."""
     from lightning.pytorch import Callback
 
     from lightning_sentemb.data import corpus
 
     rank = os.environ.get("LOCAL_RANK", "0")
     write_arrow = corpus._write_arrow
+    running = {}
 
     def counted(*args, **kwargs):
         with open(Path(out) / "tokenized.log", "a") as log:
-            log.write(f"{case} rank {rank}\n")
+            log.write(f"{running['case']} rank {rank}\n")
         return write_arrow(*args, **kwargs)
 
     corpus._write_arrow = counted
@@ -179,26 +181,27 @@ def ddp_fit(case: str, backbone: str, data: str, out: str) -> None:
             path = trainer.datamodule.train_dataset.cache_files[0]["filename"]
             self.cache = [path, os.stat(path).st_ino]
 
-    method, grad_cache = DDP_CASES[case]
-    counter, cache_file = StepCounter(), RecordCacheFile()
-    root = Path(out) / case
-    args = fit_args(method, backbone, Path(data), root, True, grad_cache)
-    args += ["--data.cache_dir", str(Path(out) / "cache"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
-             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
-    with counter.counting_collectives():
-        lightning_main(["fit", *args], callbacks=[counter, cache_file])
-    records = [[r.step, r.owner, r.where, r.what] for r in counter.records]
-    (Path(out) / f"{case}-rank{rank}.json").write_text(json.dumps({"records": records, "cache": cache_file.cache}))
-
+    for case in cases.split(","):
+        running["case"] = case
+        method, grad_cache = DDP_CASES[case]
+        counter, cache_file = StepCounter(), RecordCacheFile()
+        root = Path(out) / case
+        args = fit_args(method, backbone, Path(data), root, True, grad_cache)
+        args += ["--data.cache_dir", str(Path(out) / "cache"), "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                 "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"]
+        with counter.counting_collectives():
+            lightning_main(["fit", *args], callbacks=[counter, cache_file])
+        records = [[r.step, r.owner, r.where, r.what] for r in counter.records]
+        (Path(out) / f"{case}-rank{rank}.json").write_text(json.dumps({"records": records, "cache": cache_file.cache}))
 
 @pytest.mark.slow
 def test_ddp_steps_exchange_only_gradients_and_embeddings_and_the_corpus_is_tokenized_once(tiny_bert, sts_fixture,
                                                                                            tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "tests.test_sync_free", ",".join(DDP_CASES), tiny_bert,
+                           str(sts_fixture), str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
     for case in DDP_CASES:
-        done = subprocess.run([sys.executable, "-m", "tests.test_sync_free", case, tiny_bert, str(sts_fixture),
-                               str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-4000:]
         ranks = [json.loads((tmp_path / f"{case}-rank{rank}.json").read_text()) for rank in (0, 1)]
         assert ranks[0]["cache"] == ranks[1]["cache"]  # the same file (path and inode) on both ranks
         for rank in ranks:

@@ -14,18 +14,16 @@ one permutation, and DDP averages the ranks' gradients: the single-process gradi
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from lightning.pytorch import Callback
 
+from lightning_sentemb.lightning_cli import lightning_main
+from tests.launch import launch
 from tests.test_resume import corpus, read_losses, run_args, trained_state  # noqa: F401 (corpus: a fixture)
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL_BATCH = 3, 8
 # Averaged tokens: the random tiny BERT's [CLS] vectors are nearly one (1 - cos < 1e-5), where the loss's
 # gradient is mostly rounding (an AdamW step then goes either way) and a sample's two centroid similarities
@@ -62,23 +60,37 @@ def rows_per_step(path: Path, ranks: int) -> dict[int, list]:
     return {step: sorted(rows) for step, rows in steps.items()}
 
 
+def case_args(case: str, backbone: str, data: Path, corpus_file: Path, folder: Path, processes: int) -> list[str]:
+    """`sentemb fit` arguments of CASES[case] on `processes` processes (global batch GLOBAL_BATCH), recording
+    its rows under `folder`."""
+    method, extra = CASES[case]
+    root, rows = folder / f"{case}-{processes}-processes", folder / f"{case}-rows-{processes}"
+    callbacks = folder / f"{case}-{processes}-callbacks.yaml"
+    callbacks.write_text(json.dumps({"trainer": {"callbacks": [
+        {"class_path": "tests.test_world_size.RecordRows", "init_args": {"path": str(rows)}}]}}))
+    return ["fit", *run_args(method, backbone, data, corpus_file, root, 0, *COMMON, *extra, "-c", str(callbacks),
+                             "--data.batch_size", str(GLOBAL_BATCH // processes),
+                             *(["--trainer.strategy", "ddp", "--trainer.devices", "2"] if processes == 2 else []))]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path:  # noqa: F811 (corpus: a fixture)
+    """The folder where every case ran on 2 processes."""
+    folder = tmp_path_factory.mktemp("two-processes")
+    # one launch for the three cases (tests/launch.py)
+    done = launch([case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES], folder / "commands.json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_two_processes_equal_one_with_the_same_global_batch(case, tiny_bert, sts_fixture, corpus, tmp_path):
-    method, extra = CASES[case]
-    runs = {}
-    for processes in (1, 2):
-        root, rows = tmp_path / f"{processes}-processes", tmp_path / f"rows-{processes}"
-        callbacks = root.parent / f"{root.name}-callbacks.yaml"
-        callbacks.write_text(json.dumps({"trainer": {"callbacks": [
-            {"class_path": "tests.test_world_size.RecordRows", "init_args": {"path": str(rows)}}]}}))
-        args = run_args(method, tiny_bert, sts_fixture, corpus, root, 0, *COMMON, *extra, "-c", str(callbacks),
-                        "--data.batch_size", str(GLOBAL_BATCH // processes),
-                        *(["--trainer.strategy", "ddp", "--trainer.devices", "2"] if processes == 2 else []))
-        done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, timeout=600,
-                              env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs[processes] = rows_per_step(rows, processes), trained_state(root)
+def test_two_processes_equal_one_with_the_same_global_batch(case, tiny_bert, sts_fixture, corpus, two_process_runs,
+                                                             tmp_path):
+    lightning_main(case_args(case, tiny_bert, sts_fixture, corpus, tmp_path, 1))  # the reference, in this process
+    runs = {processes: (rows_per_step(folder / f"{case}-rows-{processes}", processes),
+                        trained_state(folder / f"{case}-{processes}-processes"))
+            for processes, folder in ((1, tmp_path), (2, two_process_runs))}
     (rows_1, state_1), (rows_2, state_2) = runs[1], runs[2]
     assert sorted(rows_1) == list(range(STEPS)) and rows_2 == rows_1  # the same examples at every step
     assert len(rows_1[0]) == 2 * GLOBAL_BATCH  # two views of each example
@@ -90,3 +102,4 @@ def test_two_processes_equal_one_with_the_same_global_batch(case, tiny_bert, sts
             torch.testing.assert_close(state_2[name], tensor, atol=1e-6, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
         else:
             assert torch.equal(state_2[name], tensor), name
+

@@ -1,0 +1,32 @@
+"""`python -m tests.launch COMMANDS.json`: each `sentemb` command of a JSON list of argument lists, one
+after the other in one process.
+
+Several 2-process fits then share one launch. A launch costs an interpreter per rank (about 9 s of
+imports on the 2-core machine: torch, Lightning, torchmetrics); Lightning's `ddp` relaunches this same
+command line for rank 1, which runs the same commands in the same process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lightning_sentemb.lightning_cli import lightning_main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def launch(commands: list[list[str]], commands_file: Path) -> subprocess.CompletedProcess:
+    """Run `commands` in one fresh process (written to `commands_file` for it and for its relaunched ranks)."""
+    commands_file.write_text(json.dumps(commands))
+    return subprocess.run([sys.executable, "-m", "tests.launch", str(commands_file)], cwd=REPO, timeout=600,
+                          env={**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True)
+
+
+if __name__ == "__main__":
+    for command in json.loads(Path(sys.argv[1]).read_text()):
+        lightning_main(command)
