@@ -17,6 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from lightning_sentemb.distributed import gather_strided_rows
+from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.evaluation.across_ranks import assign_tasks
 from lightning_sentemb.lightning_cli import lightning_main
 from lightning_sentemb.methods.building import build_method
@@ -120,3 +121,44 @@ def test_each_rank_scores_its_share_of_the_tasks_largest_first():
     assert assign_tasks(sizes, 2) == [["transfer/MR", "cluster/Tweet"], ["cluster/AgNews", "transfer/CR", "transfer/SUBJ"]]
     assert assign_tasks(sizes, 1) == [sorted(sizes, key=lambda t: -sizes[t])]
     assert assign_tasks({"cluster/Tweet": 5}, 3) == [["cluster/Tweet"], [], []]  # a rank may score nothing
+
+
+def test_validation_takes_simcses_five_transfer_folds_and_the_test_sentevals_ten(tiny_bert, evaluation_data, tmp_path,
+                                                                                 monkeypatch):
+    """`data.val_transfer_kfold` (5 by default, as SimCSE's evaluation during training) reaches the transfer
+    cross-validation of validation; the test's stays 10. A plan's folds checked against the task alone."""
+    from lightning_sentemb.data.datamodule import SentEmbDataModule
+    from lightning_sentemb.data.transfer import load_transfer_task
+    from lightning_sentemb.evaluation.suite import SuitePlan, evaluate_suite
+    from lightning_sentemb.evaluation.transfer import evaluate_transfer_splits
+    from lightning_sentemb.methods import validation
+
+    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="none")
+
+    def numpy(sentences, label=""):
+        return method.encode(list(sentences)).float().numpy()
+
+    # MRPC: a train/test task whose C is picked by k-fold; its accuracy differs between 5 and 10 folds here
+    mrpc = load_transfer_task("MRPC", evaluation_data)
+    alone = {kfold: evaluate_transfer_splits(numpy, "MRPC", mrpc, kfold=kfold, few_shot=False)["acc"]
+             for kfold in (5, 10)}
+    assert alone[5] != alone[10]  # so the check below can tell the two apart
+    for kfold in (5, 10):
+        plan = SuitePlan(["transfer"], transfer={"MRPC": mrpc}, transfer_kfold=kfold)
+        assert evaluate_suite(method.encode, plan, figure_dir=tmp_path)["transfer"]["MRPC"]["acc"] == alone[kfold]
+    assert SuitePlan(["transfer"]).transfer_kfold == 10
+
+    assert SentEmbDataModule(data_dir=str(evaluation_data)).val_transfer_kfold == 5
+    with pytest.raises(SentEmbUserError, match="data.val_transfer_kfold is 1: .* at least 2 folds"):
+        SentEmbDataModule(data_dir=str(evaluation_data), val_transfer_kfold=1)
+    asked = {}
+    monkeypatch.setattr(validation, "evaluate_across_ranks",
+                        lambda *args, transfer_kfold, **kwargs: asked.setdefault("kfold", transfer_kfold) and {})
+    datamodule = SentEmbDataModule(data_dir=str(evaluation_data), val_evaluators=["transfer"],
+                                   test_evaluators=["transfer"], val_transfer_kfold=3)
+    trainer = type("Trainer", (), {"datamodule": datamodule, "default_root_dir": str(tmp_path), "is_global_zero": True})
+    fake = type("Method", (), {"trainer": trainer, "encode_across_ranks": None, "global_step": 0, "loggers": []})
+    for stage, kfold in (("val", 3), ("test", 10)):
+        asked.clear()
+        validation.run_extra_evaluators(fake, stage)
+        assert asked["kfold"] == kfold

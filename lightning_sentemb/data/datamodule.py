@@ -216,6 +216,9 @@ class SentEmbDataModule(LightningDataModule):
         cache_dir: where tokenized corpora are cached (default `$SENTEMB_CACHE` or ~/.cache).
         val_evaluators / test_evaluators: evaluators beyond STS run at each validation / at test
             (`transfer`, `fewshot`, `cluster`, `analysis`); logged as `val/transfer/MR`, ... .
+        val_transfer_kfold: the folds of validation's transfer cross-validations (MR, CR, SUBJ, MPQA, and
+            picking C on TREC and MRPC): 5, as SimCSE's evaluation during training (SentEval's fast mode;
+            4x fewer classifier fits than 10); the test always takes SentEval's 10, as the papers report.
     """
 
     def __init__(
@@ -236,6 +239,7 @@ class SentEmbDataModule(LightningDataModule):
         cache_dir: str | None = None,
         val_evaluators: Sequence[str] = (),
         test_evaluators: Sequence[str] = (),
+        val_transfer_kfold: int = 5,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -244,6 +248,10 @@ class SentEmbDataModule(LightningDataModule):
         self.test_tasks = list(test_tasks)
         self.val_evaluators = parse_evaluators(val_evaluators, "data.val_evaluators")
         self.test_evaluators = parse_evaluators(test_evaluators, "data.test_evaluators")
+        if val_transfer_kfold < 2:
+            raise SentEmbUserError(f"data.val_transfer_kfold is {val_transfer_kfold}: a cross-validation needs "
+                                   "at least 2 folds (5 is SimCSE's, 10 SentEval's full mode)")
+        self.val_transfer_kfold = val_transfer_kfold
         self.method = None
         self.train_dataset = None
         self.batches_done = 0

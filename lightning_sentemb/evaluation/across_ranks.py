@@ -34,12 +34,14 @@ def evaluate_across_ranks(
     data_dir: str | os.PathLike | None,
     figure_dir: str | os.PathLike,
     name: str,
+    transfer_kfold: int = 10,
 ) -> dict[str, dict]:
     """`evaluate_suite` where `encode` is `SentEmbMethod.encode_across_ranks` (every rank calls it with the
     same sentences). The sentences of the transfer and clustering tasks are encoded once, together; each
     rank scores its tasks (`assign_tasks`) on them and every rank gets all results (`all_gather_object`,
-    one collective after the scoring). STS and the analysis run as in one process, on every rank."""
-    plan = SuitePlan.load(evaluators, data_dir)
+    one collective after the scoring). STS and the analysis run as in one process, on every rank.
+    `transfer_kfold`: `SuitePlan.transfer_kfold`."""
+    plan = replace(SuitePlan.load(evaluators, data_dir), transfer_kfold=transfer_kfold)
     rank, size = world()
     if size == 1:
         return evaluate_suite(encode, plan, figure_dir=figure_dir, name=name)

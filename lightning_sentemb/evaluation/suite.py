@@ -56,6 +56,9 @@ class SuitePlan:
     transfer: dict[str, TransferSplits] = field(default_factory=dict)
     clustering: dict[str, ClusteringData] = field(default_factory=dict)
     analysis_pairs: StsTask | None = None
+    # the folds of MR, CR, SUBJ, MPQA (and of picking C): SentEval's full mode, as the papers report; SimCSE's
+    # evaluation during training runs its fast mode, 5 (`data.val_transfer_kfold`)
+    transfer_kfold: int = 10
 
     @classmethod
     def load(cls, evaluators: Sequence[str], data_dir: str | os.PathLike | None = None,
@@ -147,7 +150,8 @@ def evaluate_suite(
     if "sts" in plan.evaluators:
         finished("sts", evaluate_sts(labelled("sts"), plan.sts, aggregation))
     for task, splits in plan.transfer.items():
-        done = evaluate_transfer_splits(numpy("transfer"), task, splits, few_shot="fewshot" in plan.evaluators)
+        done = evaluate_transfer_splits(numpy("transfer"), task, splits, kfold=plan.transfer_kfold,
+                                        few_shot="fewshot" in plan.evaluators)
         finished("transfer", {**results.get("transfer", {}), task: done})
     for task, data in plan.clustering.items():
         finished("clustering", {**results.get("clustering", {}), task: evaluate_clustering_data(numpy("cluster"), task, data)})

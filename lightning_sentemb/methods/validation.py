@@ -66,16 +66,18 @@ def run_extra_evaluators(method: LightningModule, stage: str) -> None:
     """Evaluators beyond STS named by the DataModule (`val_evaluators` / `test_evaluators`), on every
     rank: each encodes its share of the sentences (`encode_across_ranks`; under FSDP every forward is a
     collective) and scores its share of the tasks (`evaluate_across_ranks`); every rank gets all results,
-    which rank 0 logs (and plots)."""
+    which rank 0 logs (and plots). Validation's transfer tasks take `data.val_transfer_kfold` folds, the
+    test SentEval's 10."""
     trainer = method.trainer
     datamodule = trainer.datamodule
     names = list(getattr(datamodule, f"{stage}_evaluators", ()))
     if not names:
         return
+    kfold = getattr(datamodule, "val_transfer_kfold", 10) if stage == "val" else 10
     figures = Path(trainer.default_root_dir) / "figures" / f"{stage}-step{method.global_step}"
     with nullcontext(figures) if trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
         results = evaluate_across_ranks(method.encode_across_ranks, names, datamodule.data_dir, figure_dir,
-                                        name=type(method).__name__)
+                                        name=type(method).__name__, transfer_kfold=kfold)
     metrics = {f"{stage}/{k}": v for k, v in headline_scores(results).items()}
     if trainer.is_global_zero:
         for logger in method.loggers:
