@@ -30,6 +30,7 @@ def sentemb(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # four fresh processes (the user's commands); the in-process checks below are the fast path
 def test_the_docs_example_method_trains_evaluates_and_exports_from_the_users_folder(
     tiny_bert, sts_fixture, tmp_path, monkeypatch
 ):
