@@ -84,22 +84,23 @@ def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
-def test_two_processes_equal_one_with_the_same_global_batch(case, tiny_bert, sts_fixture, corpus, two_process_runs,
-                                                             tmp_path):
-    lightning_main(case_args(case, tiny_bert, sts_fixture, corpus, tmp_path, 1))  # the reference, in this process
-    runs = {processes: (rows_per_step(folder / f"{case}-rows-{processes}", processes),
-                        trained_state(folder / f"{case}-{processes}-processes"))
-            for processes, folder in ((1, tmp_path), (2, two_process_runs))}
-    (rows_1, state_1), (rows_2, state_2) = runs[1], runs[2]
-    assert sorted(rows_1) == list(range(STEPS)) and rows_2 == rows_1  # the same examples at every step
-    assert len(rows_1[0]) == 2 * GLOBAL_BATCH  # two views of each example
-    assert state_2.keys() == state_1.keys()
-    if case == "clusterns":
-        assert bool(state_1["cluster_state.initialized"]) and int(state_1["cluster_state.num_updates"]) == STEPS - 1
-    for name, tensor in state_1.items():
-        if tensor.is_floating_point():
-            torch.testing.assert_close(state_2[name], tensor, atol=1e-6, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
-        else:
-            assert torch.equal(state_2[name], tensor), name
-
+def test_two_processes_equal_one_with_the_same_global_batch(tiny_bert, sts_fixture, corpus, two_process_runs, tmp_path):
+    """Every case in one test: its 2-process runs share one launch, which a test a case would repeat on
+    each xdist worker that got one of them."""
+    for case in CASES:
+        lightning_main(case_args(case, tiny_bert, sts_fixture, corpus, tmp_path, 1))  # the reference, in process
+        runs = {processes: (rows_per_step(folder / f"{case}-rows-{processes}", processes),
+                            trained_state(folder / f"{case}-{processes}-processes"))
+                for processes, folder in ((1, tmp_path), (2, two_process_runs))}
+        (rows_1, state_1), (rows_2, state_2) = runs[1], runs[2]
+        assert sorted(rows_1) == list(range(STEPS)) and rows_2 == rows_1, case  # the same examples at every step
+        assert len(rows_1[0]) == 2 * GLOBAL_BATCH, case  # two views of each example
+        assert state_2.keys() == state_1.keys(), case
+        if case == "clusterns":
+            assert bool(state_1["cluster_state.initialized"]) and int(state_1["cluster_state.num_updates"]) == STEPS - 1
+        for name, tensor in state_1.items():
+            if tensor.is_floating_point():
+                torch.testing.assert_close(state_2[name], tensor, atol=1e-6, rtol=0,
+                                           msg=lambda m, name=name, case=case: f"{case}, {name}: {m}")
+            else:
+                assert torch.equal(state_2[name], tensor), (case, name)
