@@ -106,9 +106,10 @@ class SentEmbCLI(LightningCLI):
         config names none."""
         config = self._get(self.config_init, "trainer", default={})
         use_tf32(self._get(self.config_init, "tf32"))  # before the Trainer checks the device's matmul precision
-        notice = slow_bf16_notice(config.get("precision"), config.get("accelerator"))
-        if notice and self.subcommand == "fit":
-            rank_zero_info(notice)
+        if self.subcommand == "fit":
+            notice = slow_bf16_notice(config.get("precision"), config.get("accelerator"))
+            if notice:
+                rank_zero_info(notice)
         if self.subcommand in ("fit", "validate", "test"):
             self.datamodule.check_data(self.subcommand)  # missing data: before the loggers make the run folder
         self._resolve_last()

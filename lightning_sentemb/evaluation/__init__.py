@@ -12,6 +12,9 @@ from collections.abc import Sequence
 from ..errors import SentEmbUserError
 
 EVALUATORS = ("sts", "transfer", "fewshot", "cluster", "analysis")
+# the folds of the transfer cross-validations in SentEval's full mode (the papers' tables); SimCSE's
+# evaluation during training takes 5 (`data.val_transfer_kfold`)
+SENTEVAL_KFOLD = 10
 
 
 class UnknownEvaluatorError(SentEmbUserError, ValueError):

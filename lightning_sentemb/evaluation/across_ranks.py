@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..distributed import world
+from . import SENTEVAL_KFOLD
 from .suite import SuitePlan, evaluate_suite
 
 SPLIT = ("transfer", "fewshot", "cluster")  # evaluators whose tasks are scored by one rank each
@@ -34,7 +35,7 @@ def evaluate_across_ranks(
     data_dir: str | os.PathLike | None,
     figure_dir: str | os.PathLike,
     name: str,
-    transfer_kfold: int = 10,
+    transfer_kfold: int = SENTEVAL_KFOLD,
 ) -> dict[str, dict]:
     """`evaluate_suite` where `encode` is `SentEmbMethod.encode_across_ranks` (every rank calls it with the
     same sentences). The sentences of the transfer and clustering tasks are encoded once, together; each

@@ -14,7 +14,7 @@ import torch
 from ..data.clustering import CLUSTERING_TASKS, ClusteringData, load_clustering_task
 from ..data.senteval import STS_TASKS, StsTask, load_sts_task
 from ..data.transfer import TRANSFER_TASKS, TransferSplits, load_transfer_task
-from . import parse_evaluators
+from . import SENTEVAL_KFOLD, parse_evaluators
 from .metrics import TaskLabelledEncode
 from .sts import evaluate_sts
 
@@ -56,9 +56,8 @@ class SuitePlan:
     transfer: dict[str, TransferSplits] = field(default_factory=dict)
     clustering: dict[str, ClusteringData] = field(default_factory=dict)
     analysis_pairs: StsTask | None = None
-    # the folds of MR, CR, SUBJ, MPQA (and of picking C): SentEval's full mode, as the papers report; SimCSE's
-    # evaluation during training runs its fast mode, 5 (`data.val_transfer_kfold`)
-    transfer_kfold: int = 10
+    # the folds of MR, CR, SUBJ, MPQA (and of picking C); validation takes `data.val_transfer_kfold`
+    transfer_kfold: int = SENTEVAL_KFOLD
 
     @classmethod
     def load(cls, evaluators: Sequence[str], data_dir: str | os.PathLike | None = None,

@@ -46,6 +46,7 @@ from lightning_sentemb.data.transfer import (
     TransferSplits,
     load_transfer_task,
 )
+from lightning_sentemb.evaluation import SENTEVAL_KFOLD
 from lightning_sentemb.evaluation.metrics import Encode, encode_checked
 
 INNER_KFOLD_CS: tuple[float, ...] = tuple(2.0**t for t in range(-2, 4))
@@ -121,7 +122,7 @@ def _outer_fold(
 
 
 def cross_validated_accuracy(
-    x: np.ndarray, y: np.ndarray, *, kfold: int = 10, seed: int = 1111, n_jobs: int = 1
+    x: np.ndarray, y: np.ndarray, *, kfold: int = SENTEVAL_KFOLD, seed: int = 1111, n_jobs: int = 1
 ) -> dict:
     """MR/CR/SUBJ/MPQA protocol: outer k-fold test accuracy, C picked by inner k-fold."""
     folds = transfer_folds(y, kfold, seed)
@@ -136,7 +137,7 @@ def cross_validated_accuracy(
 
 
 def train_test_accuracy(
-    train: Features, test: Features, *, kfold: int = 10, seed: int = 1111, n_jobs: int = 1
+    train: Features, test: Features, *, kfold: int = SENTEVAL_KFOLD, seed: int = 1111, n_jobs: int = 1
 ) -> tuple[dict, np.ndarray]:
     """TREC/MRPC protocol: C picked by k-fold on train, refit on all of train, scored on test.
 
@@ -197,7 +198,7 @@ def evaluate_transfer_splits(
     name: str,
     splits: TransferSplits,
     *,
-    kfold: int = 10,
+    kfold: int = SENTEVAL_KFOLD,
     seed: int = 1111,
     few_shot: bool = True,
     shots: int = 16,
@@ -237,7 +238,7 @@ def evaluate_transfer(
     data_dir: str | os.PathLike | None = None,
     tasks: Sequence[str] = TRANSFER_TASKS,
     *,
-    kfold: int = 10,
+    kfold: int = SENTEVAL_KFOLD,
     seed: int = 1111,
     few_shot: bool = True,
     shots: int = 16,

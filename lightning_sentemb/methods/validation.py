@@ -15,6 +15,7 @@ from lightning.pytorch import LightningModule
 from torch import nn
 
 from ..data.senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS
+from ..evaluation import SENTEVAL_KFOLD
 from ..evaluation.across_ranks import evaluate_across_ranks
 from ..evaluation.sts import StsSpearman, format_table
 from ..evaluation.suite import headline_scores
@@ -73,7 +74,7 @@ def run_extra_evaluators(method: LightningModule, stage: str) -> None:
     names = list(getattr(datamodule, f"{stage}_evaluators", ()))
     if not names:
         return
-    kfold = getattr(datamodule, "val_transfer_kfold", 10) if stage == "val" else 10
+    kfold = getattr(datamodule, "val_transfer_kfold", SENTEVAL_KFOLD) if stage == "val" else SENTEVAL_KFOLD
     figures = Path(trainer.default_root_dir) / "figures" / f"{stage}-step{method.global_step}"
     with nullcontext(figures) if trainer.is_global_zero else tempfile.TemporaryDirectory() as figure_dir:
         results = evaluate_across_ranks(method.encode_across_ranks, names, datamodule.data_dir, figure_dir,
