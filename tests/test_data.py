@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lightning.pytorch import Callback
 
 from lightning_sentemb.data import corpus
 from lightning_sentemb.data.corpus import CorpusReader, corpus_cache_path, open_tokenized_corpus, tokenize_corpus
@@ -341,18 +342,31 @@ def test_training_batches_under_the_spawn_start_method_equal_the_in_process_ones
     assert all(torch.equal(a, b) for a, b in zip(in_process, spawned, strict=True))
 
 
-def test_a_fit_stops_its_persistent_loader_workers_as_it_ends(tiny_bert, sts_fixture, tmp_path):
+class StopAtSecondStep(Callback):
+    def on_train_batch_end(self, trainer, *args) -> None:
+        if trainer.global_step == 2:
+            raise RuntimeError("stopped at step 2")
+
+
+@pytest.mark.parametrize("ending", ["finished", "exception"])
+def test_a_fit_stops_its_persistent_loader_workers_as_it_ends(ending, tiny_bert, sts_fixture, tmp_path):
     """Lightning sees the training DataLoader through `TrainLoader` and would leave its persistent workers
     running until the garbage collector got to the trainer (in the suite, a later test then waited minutes
-    on their shutdown); the data module's teardown stops them."""
+    on their shutdown); the data module stops them when the fit ends, and when it stops on an exception
+    (where Lightning calls no `teardown`)."""
     import multiprocessing
 
     from lightning_sentemb.lightning_cli import lightning_main
     from tests.test_end_to_end import fit_args
 
     before = {child.pid for child in multiprocessing.active_children()}
-    lightning_main(["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "2",
-                                     "--data.num_workers", "2", "--data.persistent_workers", "true",
-                                     "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.logger", "false")])
-    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    args = ["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.max_steps", "3", "--data.num_workers", "2",
+                             "--data.persistent_workers", "true", "--data.val_tasks", "[STSBenchmark-dev]",
+                             "--trainer.logger", "false")]
+    if ending == "finished":
+        lightning_main(args)
+        assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    else:
+        with pytest.raises(RuntimeError, match="stopped at step 2"):
+            lightning_main(args, callbacks=[StopAtSecondStep()])
     assert [child for child in multiprocessing.active_children() if child.pid not in before] == []

@@ -353,6 +353,14 @@ class SentEmbDataModule(LightningDataModule):
         lived on, holding memory, until the garbage collector broke the trainer's reference cycle, and a
         collection during a later fit in the same process (a sweep, the test suite) then waited on them
         for minutes."""
+        self._stop_workers()
+
+    def on_exception(self, exception: BaseException) -> None:
+        """The same for a fit that stops on an exception (SIGTERM's exit, a divergence, Ctrl+C): Lightning
+        skips `teardown` then."""
+        self._stop_workers()
+
+    def _stop_workers(self) -> None:
         if self.train_loader is not None:
             self.train_loader.close()
             self.train_loader = None
