@@ -3,7 +3,9 @@ after the other in one process.
 
 Several 2-process fits then share one launch. A launch costs an interpreter per rank (about 9 s of
 imports on the 2-core machine: torch, Lightning, torchmetrics); Lightning's `ddp` relaunches this same
-command line for rank 1, which runs the same commands in the same process group.
+command line for rank 1, which runs the same commands in the same process group. A fit stopped by
+SIGTERM (exit status 143, `tests.test_resume.TerminateAt`) is reported on stdout, and the next command
+runs: it may be the resume.
 """
 
 from __future__ import annotations
@@ -28,5 +30,10 @@ def launch(commands: list[list[str]], commands_file: Path) -> subprocess.Complet
 
 
 if __name__ == "__main__":
-    for command in json.loads(Path(sys.argv[1]).read_text()):
-        lightning_main(command)
+    for index, command in enumerate(json.loads(Path(sys.argv[1]).read_text())):
+        try:
+            lightning_main(command)
+        except SystemExit as stop:  # a fit stopped by SIGTERM (last.ckpt saved): the next command may resume it
+            if stop.code != 143:
+                raise
+            print(f"launch: command {index} stopped by SIGTERM", flush=True)
