@@ -244,14 +244,18 @@ class DumpCentroids(Callback):
 
 @pytest.mark.slow
 def test_ddp_fit_keeps_centroids_identical_across_ranks(tiny_bert, sts_fixture, tmp_path):
-    """`sentemb fit` with strategy ddp on two CPU processes (gloo); Lightning relaunches the command
-    for rank 1, so it runs as a module from the repository root."""
+    """`sentemb fit` with strategy ddp on two CPU processes (gloo), as a user runs it: Lightning relaunches
+    the command line for rank 1 (so it runs as a module from the repository root); the run validates, logs
+    and checkpoints."""
     args = fit_args("ClusterNS", tiny_bert, sts_fixture, tmp_path, "--trainer.strategy", "ddp",
                     "--trainer.devices", "2", "--trainer.callbacks+=tests.test_clusterns_method.DumpCentroids")
     env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr[-4000:]
+    assert "Starting with 2 processes" in result.stdout + result.stderr
+    assert (tmp_path / "checkpoints" / "best.ckpt").exists()
+    assert {"val/STSBenchmark-dev", "train/loss"} <= set(logged_columns(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert bool(ranks[0]["initialized"]) and int(ranks[0]["num_updates"]) == 3
     for key in ranks[0]:

@@ -80,7 +80,7 @@ def test_fsdp_trains_resumes_and_embeds_as_ddp(tiny_bert, sts_fixture, corpus, t
         for name, tensor in reference.items():
             if tensor.is_floating_point():
                 torch.testing.assert_close(sharded[name], tensor, atol=1e-9, rtol=0,
-                                           msg=lambda m, name=name: f"{case} {name}: {m}")
+                                           msg=lambda m, case=case, name=name: f"{case} {name}: {m}")
             else:
                 assert torch.equal(sharded[name], tensor), name
         embeddings = [load_method(str(root / "checkpoints" / "last.ckpt")).encode(SENTENCES) for root in (ddp, fsdp)]

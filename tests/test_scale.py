@@ -1,16 +1,12 @@
-"""Trainer presets (experiments/trainer/*.yaml) combine with every experiment file, and a
-2-process CPU DDP fit runs end to end through the CLI."""
+"""Trainer presets (experiments/trainer/*.yaml) combine with every experiment file (a 2-process CPU DDP fit
+through the CLI, as a user runs it: test_clusterns_method.py)."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from lightning_sentemb.cli import main
-from tests.test_end_to_end import fit_args
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = sorted((REPO / "experiments" / "trainer").glob("*.yaml"))
@@ -62,17 +58,3 @@ def test_gpu_presets_feed_the_loader_from_persistent_pinned_workers():
     for preset in PRESETS:
         data = yaml.safe_load(preset.read_text())["data"]
         assert data["num_workers"] >= 2 and data["persistent_workers"] and data["pin_memory"], preset.name
-
-
-@pytest.mark.slow
-def test_two_process_cpu_ddp_fit(tiny_bert, sts_fixture, tmp_path):
-    """`ddp` re-launches the command once per extra process, so the fit runs in its own process."""
-    args = fit_args(tiny_bert, sts_fixture, tmp_path, "--data.batch_size", "4",
-                    "--trainer.strategy", "ddp", "--trainer.devices", "2", "--trainer.accelerator", "cpu")
-    done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], check=False, cwd=REPO,
-                          env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "Starting with 2 processes" in done.stdout + done.stderr
-    assert (tmp_path / "checkpoints" / "best.ckpt").exists()
-    metrics = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()
-    assert "val/STSBenchmark-dev" in metrics and "train/loss" in metrics
