@@ -380,7 +380,7 @@ def test_callback_under_ddp_follows_rank_zero():
     trainer = Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp_spawn",
+        strategy="ddp_fork",  # the ranks start with this process's imports (spawn re-imports torch)
         max_steps=4,
         log_every_n_steps=2,
         callbacks=[KMeansCallback(sigma=1.0, gamma=0.1)],
