@@ -106,10 +106,6 @@ class SentEmbCLI(LightningCLI):
         config names none."""
         config = self._get(self.config_init, "trainer", default={})
         use_tf32(self._get(self.config_init, "tf32"))  # before the Trainer checks the device's matmul precision
-        if self.subcommand == "fit":
-            notice = slow_bf16_notice(config.get("precision"), config.get("accelerator"))
-            if notice:
-                rank_zero_info(notice)
         if self.subcommand in ("fit", "validate", "test"):
             self.datamodule.check_data(self.subcommand)  # missing data: before the loggers make the run folder
         self._resolve_last()
@@ -130,7 +126,11 @@ class SentEmbCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        notice = slow_bf16_notice(str(trainer.precision), trainer.strategy.root_device.type)
+        if notice and self.subcommand == "fit":
+            rank_zero_info(notice)
+        return trainer
 
     def _resolve_last(self) -> None:
         """`--ckpt_path last` (`resolve_last`)."""

@@ -49,12 +49,10 @@ def cpu_runs_bf16_slowly() -> bool:
     return not torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def slow_bf16_notice(precision: object, accelerator: object) -> str | None:
-    """One line for a bf16 fit that will run on such a CPU, or None: the fit is right, only slow, so the
-    run goes on and says how to make it fast."""
-    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available()
-                                      and not torch.backends.mps.is_available())
-    if not (on_cpu and str(precision).startswith("bf16") and cpu_runs_bf16_slowly()):
+def slow_bf16_notice(precision: str, device_type: str) -> str | None:
+    """One line for a bf16 run on such a CPU (`precision` and `device_type` as the Trainer resolved them),
+    or None: the fit is right, only slow, so it goes on and says how to make it fast."""
+    if not (device_type == "cpu" and precision.startswith("bf16") and cpu_runs_bf16_slowly()):
         return None
     return (f"trainer.precision {precision} on a CPU without bf16 instructions (no AVX-512/AMX): each step "
             "runs several times slower than in fp32; pass --trainer.precision 32-true to train faster")

@@ -5,9 +5,11 @@ import pytest
 import torch
 import yaml
 
+from lightning_sentemb import lightning_cli
 import lightning_sentemb.precision as precision_module
 from lightning_sentemb.cli import main
 from lightning_sentemb.precision import slow_bf16_notice, use_tf32
+from tests.test_end_to_end import fit_args
 
 
 @pytest.fixture()
@@ -41,24 +43,34 @@ def test_the_switch_is_a_config_key_on_by_default(tiny_bert, capsys):
         assert yaml.safe_load(capsys.readouterr().out)["tf32"] is expected
 
 
-@pytest.mark.parametrize(("precision", "accelerator", "cuda", "slow_cpu", "said"), [
-    ("bf16-mixed", "cpu", False, True, True),
-    ("bf16-true", "auto", False, True, True),
-    ("bf16-mixed", "cpu", True, True, True),       # a GPU present, but the fit was put on the CPU
-    ("bf16-mixed", "auto", True, True, False),     # the fit runs on the GPU
-    ("bf16-mixed", "gpu", False, True, False),
-    ("bf16-mixed", "cpu", False, False, False),    # the CPU has bf16 instructions
-    ("32-true", "cpu", False, True, False),
-    ("16-mixed", "cpu", False, True, False),
+@pytest.mark.parametrize(("precision", "device_type", "slow_cpu", "said"), [
+    ("bf16-mixed", "cpu", True, True),
+    ("bf16-true", "cpu", True, True),
+    ("bf16-mixed", "cuda", True, False),
+    ("bf16-mixed", "cpu", False, False),    # the CPU has bf16 instructions
+    ("32-true", "cpu", True, False),
+    ("16-mixed", "cpu", True, False),
 ])
 def test_a_bf16_fit_on_a_cpu_without_bf16_instructions_is_told_how_to_run_fast(
-        monkeypatch, precision, accelerator, cuda, slow_cpu, said):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+        monkeypatch, precision, device_type, slow_cpu, said):
     monkeypatch.setattr(precision_module, "cpu_runs_bf16_slowly", lambda: slow_cpu)
-    notice = slow_bf16_notice(precision, accelerator)
+    notice = slow_bf16_notice(precision, device_type)
     if said:
         assert notice is not None and "\n" not in notice
         assert f"trainer.precision {precision}" in notice and "--trainer.precision 32-true" in notice
     else:
         assert notice is None
+
+
+@pytest.mark.parametrize(("accelerator", "precision", "said"), [("auto", "bf16-mixed", True), ("cpu", "32-true", False)])
+def test_the_fit_says_it_from_the_trainer_it_built(monkeypatch, tiny_bert, sts_fixture, tmp_path, accelerator, precision,
+                                                   said):
+    """Judged on the Trainer (its device and precision), not guessed from the options; said by `fit`."""
+    monkeypatch.setattr(precision_module, "cpu_runs_bf16_slowly", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said_lines = []
+    monkeypatch.setattr(lightning_cli, "rank_zero_info", said_lines.append)
+    lightning_cli.lightning_main(["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.accelerator", accelerator,
+                                                   "--trainer.precision", precision, "--trainer.max_steps", "1",
+                                                   "--trainer.logger", "false")])
+    assert any("without bf16 instructions" in line for line in said_lines) == said
