@@ -103,6 +103,7 @@ def test_tool_help_does_not_import_torch(tool):
     assert result.stdout.splitlines()[-2:] == ["exit 0", "torch imported: False"]
 
 
+@pytest.mark.slow  # two fresh processes, one of them building Lightning's help; the tools' help: above
 def test_lightning_help_is_built_once_then_printed_without_torch(tmp_path):
     first = run_python(IMPORTS_AFTER.format(args=["fit", "--help"]), SENTEMB_CACHE=str(tmp_path))
     assert first.stdout.startswith("usage: sentemb [options] fit [-c CONFIG]")

@@ -204,6 +204,7 @@ def test_workers_hold_at_most_two_chunks_each_in_flight(tiny_bert):
     assert done == 20
 
 
+@pytest.mark.slow  # a fresh process, killed with -9
 def test_workers_exit_when_the_run_is_killed(tiny_bert, tmp_path):
     """kill -9 of the tokenizing process: its workers notice the parent is gone and exit."""
     script = """
@@ -318,6 +319,7 @@ def test_the_collator_pickles_without_the_model_and_builds_the_same_batches(name
                 assert torch.equal(want[key][field], got[key][field])
 
 
+@pytest.mark.slow  # a spawned interpreter; forked workers give the in-process batches in test_resume.py
 def test_training_batches_under_the_spawn_start_method_equal_the_in_process_ones(tiny_bert):
     """A `spawn` worker (what a forkserver one also pickles) builds the in-process batches, template
     draws included."""

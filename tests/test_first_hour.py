@@ -69,6 +69,7 @@ def test_reproduce_and_sweep_help_show_the_extra_arguments_form(capsys):
 
 
 # ----- backbone ------------------------------------------------------------------------------
+@pytest.mark.slow  # a fresh process each (the hub client reads its settings at import); folders' lines: below
 @pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE", "unreachable hub"])
 def test_unavailable_hub_backbone_is_one_line_with_what_to_pass_instead(offline, sts_fixture, tmp_path):
     """Offline, an uncached hub model fails at once (the hub is asked once, 3 s at most), with or
@@ -325,6 +326,7 @@ def test_progress_bar_shows_small_losses_the_step_bounded_epoch_and_stsb_dev():
     assert bar._get_train_description(1).strip() == "Epoch 1/2"
 
 
+@pytest.mark.slow  # the CLI in a fresh process; PlainProgress's lines in-process: test_sync_free.py
 def test_a_fit_logged_to_a_file_prints_plain_progress_lines_as_it_goes(tiny_bert, sts_fixture, tmp_path):
     """stdout to a file (nohup, SLURM): plain lines every 10 log steps (here 10 steps) and after each
     validation, before the end of the fit, and no Rich bar."""

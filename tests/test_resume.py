@@ -110,7 +110,7 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
                          [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns")),
-                          ("conpvp", 2, 0), ("dcpcse", 2, 0)])
+                          *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):
     expected_losses, expected_state = uninterrupted(method)

@@ -82,6 +82,7 @@ def _run_and_kill(code: str, *args: str, marker: Path) -> None:
         process.wait()
 
 
+@pytest.mark.slow  # a fresh process per writer; the temporary-then-rename writes in-process: test_resume.py
 @pytest.mark.parametrize("writer", KILLED_WRITERS)
 def test_kill_9_during_a_write_leaves_the_previous_file_or_none(writer, tiny_bert, tmp_path):
     (tmp_path / "out.json").write_text('{"old": 1}\n')

@@ -30,7 +30,16 @@ def printed_config(capsys, *args: str) -> dict:
     return yaml.safe_load(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS, ids=lambda p: str(p.relative_to(REPO / "experiments")))
+def preset_case(experiment: Path):
+    """SimCSE's experiment meets the presets in the fast suite; the other method classes' in the slow one
+    (the merge of two config files does not depend on the method: only the keys checked against its
+    arguments do)."""
+    slow = FIRST_OF_METHOD[method_of(experiment)] == experiment and not method_of(experiment).endswith(".SimCSE")
+    return pytest.param(experiment, marks=[pytest.mark.slow] if slow else [],
+                        id=str(experiment.relative_to(REPO / "experiments")))
+
+
+@pytest.mark.parametrize("experiment", [preset_case(p) for p in EXPERIMENTS])
 def test_every_preset_is_a_second_config_for_the_experiment(experiment, capsys):
     """A preset sets only hardware keys of the trainer, the data loader's workers and memory (and at
     most the model's memory switches: gradient-caching chunk and gradient checkpointing, which leave
