@@ -127,8 +127,8 @@ class SentEmbCLI(LightningCLI):
         if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
         trainer = super().instantiate_trainer(**kwargs)
-        notice = slow_bf16_notice(str(trainer.precision), trainer.strategy.root_device.type)
-        if notice and self.subcommand == "fit":
+        if self.subcommand == "fit" and (
+                notice := slow_bf16_notice(str(trainer.precision), trainer.strategy.root_device.type)):
             rank_zero_info(notice)
         return trainer
 
