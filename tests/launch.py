@@ -36,4 +36,7 @@ if __name__ == "__main__":
         except SystemExit as stop:  # a fit stopped by SIGTERM (last.ckpt saved): the next command may resume it
             if stop.code != 143:
                 raise
-            print(f"launch: command {index} stopped by SIGTERM", flush=True)
+            # both ranks say it on one pipe: after what is buffered, in one write below the pipe's atomic
+            # size (a flush of a long buffer is split, and the two ranks' lines once ran together)
+            sys.stdout.flush()
+            os.write(sys.stdout.fileno(), f"launch: command {index} stopped by SIGTERM\n".encode())

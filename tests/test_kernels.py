@@ -25,9 +25,10 @@ from lightning_sentemb.methods import SimCSE
 from lightning_sentemb.methods.building import build_method
 
 REPO = Path(__file__).resolve().parents[1]
-ALL = TorchFeatures(varlen=True, varlen_gqa_keyword=True, varlen_window=True, nested=True)
-TORCH_2_11 = TorchFeatures(varlen=True, varlen_gqa_keyword=False, varlen_window=True, nested=True)
-NO_VARLEN = TorchFeatures(nested=True)  # torch before varlen_attn, e.g. the 2.6 floor
+ALL = TorchFeatures(varlen=True, varlen_gqa_keyword=True, varlen_window=True, flash_dropout=True, nested=True)
+TORCH_2_11 = TorchFeatures(varlen=True, varlen_gqa_keyword=False, varlen_window=True, flash_dropout=True, nested=True)
+NO_VARLEN = TorchFeatures(flash_dropout=True, nested=True)  # torch before varlen_attn, e.g. the 2.6 floor
+NO_FLASH_OP = TorchFeatures(varlen=True, varlen_window=True, nested=True)
 H100, A100, V100 = (9, 0), (8, 0), (7, 0)
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
@@ -35,7 +36,10 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 @pytest.mark.parametrize("features, device, capability, dtype, dropout, causal, window, softcap, prefix, expected", [
     (ALL, "cuda", H100, BF16, 0.0, True, None, None, False, "varlen"),
     (TORCH_2_11, "cuda", A100, FP16, 0.0, False, 4, None, False, "varlen"),
-    (ALL, "cuda", H100, BF16, 0.1, False, None, None, False, "aligned"),  # dropout: nested measured 6x slow
+    (ALL, "cuda", H100, BF16, 0.1, False, None, None, False, "varlen"),  # dropout: the flash op itself
+    (ALL, "cuda", H100, BF16, 0.1, False, None, None, True, "varlen"),  # ... with DCPCSE's prefix
+    (NO_VARLEN, "cuda", A100, FP16, 0.1, True, None, None, False, "varlen"),
+    (NO_FLASH_OP, "cuda", H100, BF16, 0.1, False, None, None, False, "aligned"),  # not nested: measured 6x slow
     (ALL, "cuda", H100, BF16, 0.1, True, 8, None, False, "aligned"),  # dropout and a window: nothing fused
     (NO_VARLEN, "cuda", H100, BF16, 0.0, True, None, None, False, "nested"),
     (ALL, "cuda", V100, FP16, 0.0, True, None, None, False, "nested"),  # no flash before sm80: memory-efficient
@@ -87,12 +91,14 @@ def test_features_of_each_torch_signature() -> None:
     def with_is_causal(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, *, scale=None):
         raise AssertionError
 
-    assert features_of(varlen_attn_2_11) == TORCH_2_11
+    flash = kernels.installed_flash_forward()
+    assert flash is not None  # in every torch since 2.0, CPU builds included (without a CPU kernel)
+    assert features_of(varlen_attn_2_11, flash) == TORCH_2_11
     assert features_of(with_is_causal) == TorchFeatures(varlen=True, nested=True)
-    assert features_of(None) == NO_VARLEN
+    assert features_of(None, flash) == NO_VARLEN
     installed = kernels.installed_varlen()
     if installed is not None and Version(torch.__version__).release >= (2, 13):
-        assert features_of(installed) == ALL
+        assert features_of(installed, flash) == ALL
 
 
 def right_padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,6 +125,57 @@ def test_forced_varlen_runs_torch_2_11s_signature_and_equals_the_padded_forward(
     ours, theirs, real = packed_and_padded(tiny_qwen2, "varlen")
     assert calls and all(call["heads"] == (4, 2) for call in calls)  # grouped K/V handed over as they are
     torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
+
+
+flash_calls: list[dict] = []
+
+
+def flash_forward_stand_in(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                           return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                           seqused_k=None, alibi_slopes=None):
+    """aten's `_flash_attention_forward` schema on the CPU, returning its expectation over the dropout
+    (the attention without it) and its five outputs; records what it was handed."""
+    flash_calls.append({"dropout_p": dropout_p, "is_causal": is_causal, "heads": (query.shape[1], key.shape[1]),
+                        "cum_seq": (cum_seq_q.tolist(), cum_seq_k.tolist()), "max": (max_q, max_k)})
+    out = varlen_attn_2_11(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, scale=scale,
+                           window_size=(-1, 0 if is_causal else -1))
+    return out, None, None, None, None
+
+
+@pytest.mark.parametrize("family, dropout", [
+    ("tiny_bert", {"attention_probs_dropout_prob": 0.1, "hidden_dropout_prob": 0.0}),  # only attention drops
+    ("tiny_qwen2", {"attention_dropout": 0.1})])
+def test_forced_varlen_with_attention_dropout_calls_the_flash_op_with_it(family, dropout, request, monkeypatch):
+    """In training with attention dropout, `varlen` hands aten's flash op the packed rows, their offsets,
+    the longest row, the layer's dropout and causality; its output (here the op's expectation) and the
+    gradients through it equal the padded forward without attention dropout."""
+    flash_calls.clear()
+    monkeypatch.setattr(kernels, "installed_flash_forward", lambda: flash_forward_stand_in)
+    path = request.getfixturevalue(family)
+    model = AutoModel.from_pretrained(path, **dropout).train()
+    plain = AutoModel.from_pretrained(path, attn_implementation="sdpa", **dropout).eval()
+    set_attention(model, PADDING_FREE)
+    ids, mask = right_padded_batch(model.config.vocab_size)
+    positions = torch.arange(7).expand(3, 7)
+    layout = TokenLayout.from_mask(mask)
+    ours = packed_forward(model, layout, ids, position_ids=positions, kernel="varlen").last_hidden_state
+    theirs = plain(input_ids=ids, attention_mask=mask, position_ids=positions).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
+    ours[real].square().sum().backward()
+    theirs[real].square().sum().backward()
+    for (name, mine), other in zip(model.named_parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, other.grad, atol=5e-5, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+    causal, heads = family == "tiny_qwen2", (4, 2) if family == "tiny_qwen2" else (4, 4)
+    assert flash_calls and all(call == {"dropout_p": 0.1, "is_causal": causal, "heads": heads, "max": (7, 7),
+                                        "cum_seq": ([0, 7, 10, 15], [0, 7, 10, 15])} for call in flash_calls)
+
+
+def test_forced_varlen_with_dropout_and_a_window_is_refused_in_one_line() -> None:
+    layout = TokenLayout.from_mask(torch.ones(1, 4))
+    query = torch.zeros(4, 2, 8)
+    with pytest.raises(ValueError, match="needs aten's _flash_attention_forward and no sliding window"):
+        kernels.run_kernel(kernels.Packing(layout, "varlen"), query, query, query, 1.0, 0.1, True, 2, None, None)
 
 
 @pytest.mark.parametrize("family", ["tiny_qwen2", "tiny_llama"])

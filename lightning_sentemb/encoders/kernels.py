@@ -5,8 +5,8 @@ attends within each sentence of the batch's `TokenLayout`:
 
 | kernel | where `auto` runs it | what it needs |
 |---|---|---|
-| `varlen` | CUDA sm80+, fp16/bf16, no attention dropout | torch's `varlen_attn` (flash) |
-| `nested` | CUDA, fp16/bf16, attention dropout (or no `varlen`), no window | SDPA on nested jagged tensors |
+| `varlen` | CUDA sm80+, fp16/bf16 | flash: torch's `varlen_attn`; with attention dropout the aten op beneath it |
+| `nested` | CUDA, fp16/bf16, no `varlen`, no dropout, no window | SDPA on nested jagged tensors |
 | `aligned` | everything else: CPU, fp32, soft-capping, a prefix on causal layers | SDPA on re-padded sentences |
 
 `nested` runs flash on sm80+ and the memory-efficient kernel on a V100 (sm70, fp16 only).
@@ -40,24 +40,31 @@ class TorchFeatures:
     """What the installed torch offers the fused kernels. `varlen`: `varlen_attn` imports and takes a
     `scale` and a causal switch; `varlen_gqa_keyword`: it takes `enable_gqa` (torch ≥ 2.13; before,
     e.g. 2.11, flash runs grouped-query heads natively, without the keyword); `varlen_window`: it takes
-    `window_size` (else `is_causal`, and no sliding windows); `nested`: SDPA on nested jagged tensors."""
+    `window_size` (else `is_causal`, and no sliding windows); `flash_dropout`: aten's
+    `_flash_attention_forward`, the op beneath `varlen_attn` (which calls it with dropout 0) and nested
+    SDPA (which passes the dropout on), so `varlen` also trains with attention dropout; `nested`: SDPA on
+    nested jagged tensors."""
 
     varlen: bool = False
     varlen_gqa_keyword: bool = False
     varlen_window: bool = False
+    flash_dropout: bool = False
     nested: bool = False
 
 
-def features_of(varlen_attn: Callable[..., Tensor] | None) -> TorchFeatures:
-    """The features of this torch, given its `varlen_attn` (None where it does not import)."""
+def features_of(varlen_attn: Callable[..., Tensor] | None,
+                flash_forward: Callable[..., tuple[Tensor, ...]] | None = None) -> TorchFeatures:
+    """The features of this torch, given its `varlen_attn` and aten's `_flash_attention_forward` (None
+    where they do not exist)."""
     jagged = getattr(torch.nested, "nested_tensor_from_jagged", None)
     nested = jagged is not None and "max_seqlen" in inspect.signature(jagged).parameters
     if varlen_attn is None:
-        return TorchFeatures(nested=nested)
+        return TorchFeatures(flash_dropout=flash_forward is not None, nested=nested)
     keywords = inspect.signature(varlen_attn).parameters
     usable = "scale" in keywords and ("window_size" in keywords or "is_causal" in keywords)
     return TorchFeatures(varlen=usable, varlen_gqa_keyword=usable and "enable_gqa" in keywords,
-                         varlen_window=usable and "window_size" in keywords, nested=nested)
+                         varlen_window=usable and "window_size" in keywords, flash_dropout=flash_forward is not None,
+                         nested=nested)
 
 
 def installed_varlen() -> Callable[..., Tensor] | None:
@@ -69,10 +76,16 @@ def installed_varlen() -> Callable[..., Tensor] | None:
     return getattr(varlen, "varlen_attn", None)
 
 
+def installed_flash_forward() -> Callable[..., tuple[Tensor, ...]] | None:
+    """aten's `_flash_attention_forward` (differentiable: its backward is registered with autograd), looked
+    up at each call (tests stand another one in); None where this torch has no such op."""
+    return getattr(torch.ops.aten, "_flash_attention_forward", None)
+
+
 @functools.cache
 def torch_features() -> TorchFeatures:
     """`features_of` the installed torch, read once (`torch_features.cache_clear()` to read again)."""
-    return features_of(installed_varlen())
+    return features_of(installed_varlen(), installed_flash_forward())
 
 
 @functools.cache
@@ -85,19 +98,27 @@ def choose_kernel(features: TorchFeatures, device_type: str, capability: tuple[i
                   dropout: float, causal: bool, window: int | None, softcap: float | None, prefix: bool) -> str:
     """The kernel `auto` runs for one attention call. The fused kernels run fp16/bf16 on CUDA without
     soft-capping; with a prefix (keys longer than queries) on bidirectional layers only. Flash needs sm80+
-    (the only bf16 GPUs too); before that (V100, fp16) the memory-efficient kernel runs nested tensors. With attention dropout
-    `aligned` runs (SDPA with a key mask): nested tensors with dropout ran 6x slower than padded SDPA on
-    an H200 (torch 2.11, bert-base SimCSE training: 285 against 1,827 sentences/s, docs/benchmarks.md)."""
+    (the only bf16 GPUs too); before that (V100, fp16) the memory-efficient kernel runs nested tensors.
+    With attention dropout (BERT-family training) `varlen` calls the flash op itself (no window then);
+    without it, `aligned` (SDPA with a key mask). Nested tensors with dropout ran 6x slower than padded SDPA
+    on an H200 (torch 2.11, bert-base SimCSE training: 285 against 1,827 sentences/s, docs/benchmarks.md)."""
     if device_type != "cuda" or dtype not in HALF or softcap is not None or (prefix and (causal or window)):
         return "aligned"
     if capability is None or capability < (7, 0) or (dtype == torch.bfloat16 and capability < (8, 0)):
         return "aligned"
-    if (capability >= (8, 0) and features.varlen and dropout == 0
-            and (window is None or features.varlen_window)):
+    if capability >= (8, 0) and varlen_runs(features, dropout, window):
         return "varlen"
     if features.nested and not window and dropout == 0:
         return "nested"
     return "aligned"
+
+
+def varlen_runs(features: TorchFeatures, dropout: float, window: int | None) -> bool:
+    """Whether this torch runs `varlen` for the call: `varlen_attn` without dropout (with `window_size`
+    for a window), the flash op itself with dropout (no window)."""
+    if dropout > 0:
+        return features.flash_dropout and not window
+    return features.varlen and (not window or features.varlen_window)
 
 
 @dataclass
@@ -146,10 +167,11 @@ def run_kernel(packing: Packing, query: Tensor, key: Tensor, value: Tensor, scal
                                causal, window, softcap, prefix is not None)
     note_kernel(kernel, query, dropout_p, causal, window)
     if kernel == "varlen":
-        if not features.varlen or (window and not features.varlen_window):
-            raise ValueError(f"the varlen kernel needs torch.nn.attention.varlen.varlen_attn"
-                             f"{' with window_size' if window else ''} (torch {torch.__version__}): use kernel 'auto'")
-        return varlen_attention(query, key, value, layout, scale, causal, window, prefix)
+        if not varlen_runs(features, dropout_p, window):
+            needs = ("aten's _flash_attention_forward and no sliding window" if dropout_p > 0 else
+                     f"torch.nn.attention.varlen.varlen_attn{' with window_size' if window else ''}")
+            raise ValueError(f"the varlen kernel needs {needs} (torch {torch.__version__}): use kernel 'auto'")
+        return varlen_attention(query, key, value, layout, scale, dropout_p, causal, window, prefix)
     if kernel == "nested":
         if causal and not query.is_cuda or window or softcap is not None:
             raise ValueError("the nested kernel runs neither windows nor soft-capping, nor causal attention on CPU")
@@ -157,16 +179,21 @@ def run_kernel(packing: Packing, query: Tensor, key: Tensor, value: Tensor, scal
     return aligned_attention(query, key, value, layout, scale, dropout_p, causal, window, softcap, prefix)
 
 
-def varlen_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLayout, scale: float, causal: bool,
-                     window: int | None, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
+def varlen_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLayout, scale: float, dropout_p: float,
+                     causal: bool, window: int | None, prefix: tuple[Tensor, Tensor] | None) -> Tensor:
     """torch's fused variable-length flash kernel, called with the keywords this torch's `varlen_attn`
     takes (`torch_features`); a prefix makes each sentence's keys longer than its queries (`auto` sends
-    it here on bidirectional layers only)."""
+    it here on bidirectional layers only). `varlen_attn` runs without dropout, so with attention dropout
+    the flash op it wraps runs directly, as nested SDPA calls it (grouped-query heads natively)."""
     features = torch_features()
     key_offsets, key_max = layout.offsets, layout.max_length
     if prefix is not None:
         key, value, key_offsets = layout.with_prefix(key, value, prefix)
         key_max += prefix[0].shape[2]
+    query, key, value = (t.contiguous() for t in (query, key, value))  # rotary models hand over strided views
+    if dropout_p > 0:
+        return installed_flash_forward()(query, key, value, layout.offsets, key_offsets, layout.max_length, key_max,
+                                         dropout_p, causal, False, scale=scale)[0]
     options: dict[str, Any] = {"scale": scale}
     if features.varlen_window:
         reach = -1 if window is None else window - 1
@@ -175,7 +202,6 @@ def varlen_attention(query: Tensor, key: Tensor, value: Tensor, layout: TokenLay
         options["is_causal"] = causal
     if features.varlen_gqa_keyword:
         options["enable_gqa"] = key.shape[1] != query.shape[1]
-    query, key, value = (t.contiguous() for t in (query, key, value))  # rotary models hand over strided views
     return installed_varlen()(query, key, value, layout.offsets, key_offsets, layout.max_length, key_max, **options)
 
 
