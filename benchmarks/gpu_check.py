@@ -495,7 +495,6 @@ def step_profile(step: Callable[[], None], device: Any, steps: int = 3) -> dict[
     clock the GPU computes (well below 1: the host does not keep it fed, with launches, Python or syncs)
     and the largest kernels' shares of that; on CPU the largest operators' shares of self time. A
     profiler that fails leaves a note, not a failed row."""
-    import torch
     from gpu import synchronize
     from torch.profiler import ProfilerActivity, profile
 
