@@ -171,6 +171,24 @@ def test_forced_varlen_with_attention_dropout_calls_the_flash_op_with_it(family,
                                         "cum_seq": ([0, 7, 10, 15], [0, 7, 10, 15])} for call in flash_calls)
 
 
+@pytest.mark.parametrize("dropout, window, prefix", [(0.0, 4, False), (0.1, None, False), (0.1, None, True)])
+def test_the_installed_torchs_own_ops_take_the_varlen_call_on_the_meta_device(dropout, window, prefix) -> None:
+    """torch's ops themselves (`varlen_attn` without dropout, aten's flash op with it), with their real
+    schemas, take the call as `varlen` makes it and differentiate through it: on the meta device, where
+    they run their shape functions (there is no CPU kernel). GQA 14/2, causal unless a prefix."""
+    if not kernels.varlen_runs(kernels.torch_features(), dropout, window):
+        pytest.skip(f"torch {torch.__version__} runs no varlen here")
+    layout = TokenLayout.from_mask(torch.arange(7)[None] < torch.tensor([7, 3, 5])[:, None]).to("meta")
+    query, key, value = (torch.empty(15, heads, 64, dtype=BF16, device="meta", requires_grad=True)
+                         for heads in (14, 2, 2))
+    pair = (torch.empty(3, 2, 4, 64, dtype=BF16, device="meta"),) * 2 if prefix else None
+    out = kernels.varlen_attention(query, key, value, layout, 0.125, dropout, not prefix, window, pair)
+    assert out.shape == (15, 14, 64) and out.dtype == BF16
+    assert ("FlashAttentionBackward" if dropout else "varlen_attn") in type(out.grad_fn).__name__
+    out.sum().backward()
+    assert [t.grad.shape for t in (query, key, value)] == [(15, 14, 64), (15, 2, 64), (15, 2, 64)]
+
+
 def test_forced_varlen_with_dropout_and_a_window_is_refused_in_one_line() -> None:
     layout = TokenLayout.from_mask(torch.ones(1, 4))
     query = torch.zeros(4, 2, 8)
