@@ -100,8 +100,9 @@ def choose_kernel(features: TorchFeatures, device_type: str, capability: tuple[i
     soft-capping; with a prefix (keys longer than queries) on bidirectional layers only. Flash needs sm80+
     (the only bf16 GPUs too); before that (V100, fp16) the memory-efficient kernel runs nested tensors.
     With attention dropout (BERT-family training) `varlen` calls the flash op itself (no window then);
-    without it, `aligned` (SDPA with a key mask). Nested tensors with dropout ran 6x slower than padded SDPA
-    on an H200 (torch 2.11, bert-base SimCSE training: 285 against 1,827 sentences/s, docs/benchmarks.md)."""
+    where that op is missing, or on a V100, `aligned` (SDPA with a key mask), never `nested`: nested
+    tensors with dropout ran 6x slower than padded SDPA on an H200 (torch 2.11, bert-base SimCSE
+    training: 285 against 1,827 sentences/s, docs/benchmarks.md)."""
     if device_type != "cuda" or dtype not in HALF or softcap is not None or (prefix and (causal or window)):
         return "aligned"
     if capability is None or capability < (7, 0) or (dtype == torch.bfloat16 and capability < (8, 0)):
