@@ -58,9 +58,7 @@ def features_of(varlen_attn: Callable[..., Tensor] | None,
     where they do not exist)."""
     jagged = getattr(torch.nested, "nested_tensor_from_jagged", None)
     nested = jagged is not None and "max_seqlen" in inspect.signature(jagged).parameters
-    if varlen_attn is None:
-        return TorchFeatures(flash_dropout=flash_forward is not None, nested=nested)
-    keywords = inspect.signature(varlen_attn).parameters
+    keywords = {} if varlen_attn is None else inspect.signature(varlen_attn).parameters
     usable = "scale" in keywords and ("window_size" in keywords or "is_causal" in keywords)
     return TorchFeatures(varlen=usable, varlen_gqa_keyword=usable and "enable_gqa" in keywords,
                          varlen_window=usable and "window_size" in keywords, flash_dropout=flash_forward is not None,
