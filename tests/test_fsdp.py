@@ -1,7 +1,8 @@
 """FSDP2 (`trainer.strategy: fsdp_layers`) on 2 CPU processes (gloo): it trains as DDP does (fp32, dropout
 0: the same weights after 3 steps, stopped by SIGTERM and resumed after step 2, to 1e-9, ClusterNS's centroids
 and LoRA's adapters included, and so the same embeddings), runs the preset's user command with evaluators in bf16, and `--ckpt_path last`
-follows rank 0 where the ranks see different files."""
+follows rank 0 where the ranks see different files (processes srun starts; an elastic restart never reads the
+previous attempt's answer). Sharded validation and `encode` run without inference mode."""
 
 from __future__ import annotations
 
