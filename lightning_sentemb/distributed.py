@@ -1,18 +1,23 @@
 """All-gather that keeps gradients, so in-batch negatives are the global batch under DDP; the
-all-gather of evaluation embeddings; rank 0's state and decisions on every rank; when the host may read the device."""
+all-gather of evaluation embeddings and of each rank's results (its errors too); rank 0's state and decisions on
+every rank; when the host may read the device."""
 
 from __future__ import annotations
 
 import os
-import socket
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from torch import Tensor
+
+from .errors import SentEmbUserError
+
+T = TypeVar("T")
 
 
 def world() -> tuple[int, int]:
@@ -50,6 +55,29 @@ def gather_strided_rows(share: Tensor, total: int) -> Tensor:
     return torch.stack(gathered, dim=1).flatten(0, 1)[:total]
 
 
+def gather_or_raise(work: Callable[[], T], doing: str) -> list[T]:
+    """`work()` on this rank, and every rank's result in rank order, on every rank (`all_gather_object`). Where
+    it raised on some rank, every rank raises, naming that rank, what it was `doing` and its error: otherwise the
+    others would wait in the gather until the process group's timeout (30 minutes under fsdp_layers). A
+    `SentEmbUserError` on every failing rank stays one; on the failing rank, its own error is the cause."""
+    _, size = world()
+    if size == 1:
+        return [work()]
+    cause = None
+    try:
+        outcome = work(), None
+    except Exception as error:  # what all_gather_object can pickle, whatever the exception holds
+        cause, outcome = error, (None, (doing, f"{type(error).__name__}: {error}", isinstance(error, SentEmbUserError)))
+    everyone: list[Any] = [None] * size
+    dist.all_gather_object(everyone, outcome)
+    failures = {rank: failure for rank, (_, failure) in enumerate(everyone) if failure is not None}
+    if failures:
+        kind = SentEmbUserError if all(user for _, _, user in failures.values()) else RuntimeError
+        raise kind("; ".join(f"rank {rank} failed {what}: {error}" for rank, (what, error, _) in failures.items())
+                   ) from cause
+    return [result for result, _ in everyone]
+
+
 def local_labels(local_batch: int, device: torch.device) -> Tensor:
     """Column of each local anchor's positive inside the gathered global batch."""
     rank, _ = world()
@@ -78,9 +106,9 @@ INHERITED_DECISION = "SENTEMB_RANK_ZERO_DECISION"
 def decided_by_rank_zero(decision: str, timeout: timedelta = timedelta(minutes=10)) -> str:
     """Rank 0's `decision` on every process, also before the trainer has a process group (the CLI decides
     what to resume from before it builds the trainer). Through the process group where there is one; where
-    the processes were launched outside (torchrun, SLURM's srun), through a store on the address and port
-    the process group will use, closed before the trainer opens it; under Lightning's own launcher, rank 0
-    decides and the processes it starts inherit its decision by the environment. One process: `decision`."""
+    the processes were launched outside (torchrun, SLURM's srun), through the store the trainer's process group
+    will use (`_through_store`); under Lightning's own launcher, rank 0 decides and the processes it starts
+    inherit its decision by the environment. One process: `decision`."""
     if dist.is_available() and dist.is_initialized():
         shared = [decision]
         dist.broadcast_object_list(shared, src=0)
@@ -104,20 +132,46 @@ def external_launch() -> ClusterEnvironment | None:
     return None
 
 
+# the stores `_through_store` opened, kept for the life of the process: on rank 0 under srun, the server the
+# trainer's process group joins
+_STORES: list[dist.Store] = []
+
+
 def _through_store(decision: str, environment: ClusterEnvironment, timeout: timedelta) -> str:
-    """Rank 0 writes its decision to a TCP store it serves; the others read it and say so; rank 0 closes the
-    store once all have read, freeing the port for the trainer's process group. The others return only once
-    it is closed (a connection of theirs to it ends), so none joins the trainer's group through it."""
+    """Rank 0 writes `decision` into the store the trainer's process group will use; the others read it there
+    and say so; rank 0 then deletes the keys.
+
+    The store is the one `torch.distributed.rendezvous` gives the process group on the environment's address and
+    port (what `init_process_group` does): under torchrun, a client of the store its elastic agent already serves
+    on MASTER_PORT (`TORCHELASTIC_USE_AGENT_STORE=True`; binding the port ourselves once left the other ranks
+    waiting forever); under srun, no agent: rank 0 serves it, multi-tenant, and keeps it, so the trainer's process
+    group joins that server on the same port instead of binding it again. Nothing is closed before the trainer.
+
+    The agent's store outlives an elastic restart, so the keys are the run's (TORCHELASTIC_RUN_ID; SLURM's job
+    and step) and are deleted once every rank has read them: a restarted rank never reads the decision of an
+    attempt that trained (one that died before all had read it trained nothing, and decided the same). Not
+    TORCHELASTIC_RESTART_COUNT: each agent counts its own restarts, and a node restarted because another
+    failed counts none, so the nodes would look under different attempts from then on."""
     rank, size = environment.global_rank(), environment.world_size()
     address, port = environment.main_address, environment.main_port
-    store = dist.TCPStore(address, port, size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
-    if rank == 0:
+    run = (f"torchrun run {os.environ.get('TORCHELASTIC_RUN_ID')}" if isinstance(environment, TorchElasticEnvironment)
+           else f"SLURM job {os.environ.get('SLURM_JOB_ID')} step {os.environ.get('SLURM_STEP_ID')}")
+    readers = [f"read-{other}" for other in range(1, size)]
+    waited_for = (f"the other ranks to read its decision ({', '.join(readers)})" if rank == 0
+                  else "rank 0's decision")
+    try:
+        store, _, _ = next(dist.rendezvous(f"tcp://{address}:{port}?rank={rank}&world_size={size}", timeout=timeout))
+        _STORES.append(store)
+        store = dist.PrefixStore(f"sentemb/ckpt_path_last/{run}", store)
+        if rank != 0:
+            decision = store.get("decision").decode()
+            store.set(f"read-{rank}", "")
+            return decision
         store.set("decision", decision)
-        store.wait([f"read-{other}" for other in range(1, size)])
-        del store
+        store.wait(readers)
+        for key in ("decision", *readers):
+            store.delete_key(key)
         return decision
-    decision = store.get("decision").decode()
-    with socket.create_connection((address, port), timeout=timeout.total_seconds()) as watch:
-        store.set(f"read-{rank}", "1")
-        watch.recv(1)  # b"" once rank 0 has closed the store
-    return decision
+    except dist.DistError as error:
+        raise TimeoutError(f"--ckpt_path last: rank {rank} of {size}, waiting up to {timeout} for {waited_for} "
+                           f"through the store at {address}:{port} ({run}): {error}") from error

@@ -5,6 +5,7 @@ GPUs (NCCL), so the tests train it; torch's FSDP1 refuses a CPU."""
 from __future__ import annotations
 
 import dataclasses
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,20 @@ ROOT_FORWARD_METHODS = ("mlm_logits",)
 def is_sharded(strategy: Strategy | None) -> bool:
     """Whether the strategy shards the module (its parameters are DTensors after setup)."""
     return isinstance(strategy, ModelParallelStrategy)
+
+
+def holds_fsdp_units(module: torch.nn.Module) -> bool:
+    """Whether FSDP2 has sharded (part of) `module`."""
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def grad_free(module: torch.nn.Module) -> AbstractContextManager:
+    """What evaluation runs under: `torch.no_grad` where FSDP2 shards `module`, `torch.inference_mode` elsewhere.
+    FSDP2's unshard raises "Inference tensors do not track version counter" where its all-gather buffers are
+    first made under inference mode (torch 2.13 too; pytorch/pytorch#197327 fixes it later): `sentemb validate`
+    or `test` on NCCL, whose first forward is the loop's, since Lightning runs evaluation under `no_grad` only
+    for gloo process groups and FSDP1 (`LayerFSDPStrategy.setup`)."""
+    return torch.no_grad() if holds_fsdp_units(module) else torch.inference_mode()
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
@@ -81,9 +96,11 @@ class LayerFSDPStrategy(ModelParallelStrategy):
 
     def setup(self, trainer: Trainer) -> None:
         module = self.lightning_module
-        if not any(isinstance(m, FSDPModule) for m in module.modules()):  # once, though setup runs per stage
+        if not holds_fsdp_units(module):  # once, though setup runs per stage
             policy = mixed_precision_policy(str(trainer.precision))
             shard_by_layer(module, self.device_mesh["data_parallel"], policy)
+        for loop in (trainer.validate_loop, trainer.test_loop, trainer.predict_loop):  # `grad_free`
+            loop.inference_mode = False  # no_grad, as Lightning runs FSDP1's and fit's validation
         super().setup(trainer)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

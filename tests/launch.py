@@ -1,5 +1,5 @@
 """`python -m tests.launch COMMANDS.json`: each `sentemb` command of a JSON list of argument lists, one
-after the other in one process.
+after the other in one process; `torchrun` runs a program under torchrun, as users launch it.
 
 Several 2-process fits then share one launch. A launch costs an interpreter per rank (about 9 s of
 imports on the 2-core machine: torch, Lightning, torchmetrics); Lightning's `ddp` relaunches this same
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,28 @@ REPO = Path(__file__).resolve().parents[1]
 def launch(commands: list[list[str]], commands_file: Path) -> subprocess.CompletedProcess:
     """Run `commands` in one fresh process (written to `commands_file` for it and for its relaunched ranks)."""
     commands_file.write_text(json.dumps(commands))
-    return subprocess.run([sys.executable, "-m", "tests.launch", str(commands_file)], cwd=REPO, timeout=600,
-                          env={**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True)
+    return run([sys.executable, "-m", "tests.launch", str(commands_file)])
+
+
+def torchrun(program: list[str], processes: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc-per-node <processes> <program>`: its elastic agent serves the store on
+    MASTER_PORT (a free port: tests run side by side) and starts the ranks, as on a cluster."""
+    return run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", str(processes),
+                *program], timeout)
+
+
+def run(command: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """`command` in a session of its own: past `timeout`, all its processes are killed (torchrun's ranks too,
+    which killing torchrun alone leaves behind)."""
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True,
+                          env={**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 if __name__ == "__main__":

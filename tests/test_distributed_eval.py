@@ -1,13 +1,15 @@
 """Evaluation shared by the ranks: `encode` copies to the host without a wait per batch, every rank
-encodes a share (`encode_across_ranks`), and validation with extra evaluators scores the same with 2
-gloo processes as with 1."""
+encodes a share (`encode_across_ranks`), validation with extra evaluators scores the same with 2
+gloo processes as with 1, and one rank's scoring error is raised on every rank."""
 
 from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +76,42 @@ def test_ranks_share_encoding_and_all_get_every_row_in_order(tiny_bert, tmp_path
         for total, rows in result["rows"].items():
             assert torch.equal(rows, torch.arange(total * 3.0).view(total, 3))
         torch.testing.assert_close(result["encoded"], single.encode(SENTENCES, batch_size=2), atol=1e-5, rtol=1e-5)
+
+
+def failing_worker(rank: int, init_file: str, data_dir: str, out_file: str) -> None:
+    """Clustering split across 2 ranks, rank 1's faiss K-means raising: every rank raises, naming rank 1 (the
+    process group times out in 30 s, where a rank left waiting in the gather would show)."""
+    from lightning_sentemb.evaluation import clustering
+    from lightning_sentemb.evaluation.across_ranks import evaluate_across_ranks
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    if rank == 1:
+        def broken(*args, **kwargs):
+            raise ValueError("faiss broke")
+
+        clustering.kmeans_assign = broken
+
+    def encode(sentences: list[str], label: str = "") -> torch.Tensor:
+        return torch.tensor([[len(s), s.count("a"), 1.0] for s in sentences])
+
+    try:
+        evaluate_across_ranks(encode, ["cluster"], data_dir, Path(out_file).parent, name="SimCSE")
+        Path(f"{out_file}.{rank}").write_text("no error")
+    except Exception as error:
+        Path(f"{out_file}.{rank}").write_text(f"{type(error).__name__}: {error} (cause: {error.__cause__!r})")
+    dist.destroy_process_group()
+
+
+def test_a_ranks_scoring_error_is_raised_on_every_rank(evaluation_data, tmp_path):
+    mp.start_processes(failing_worker, args=(str(tmp_path / "init"), str(evaluation_data), str(tmp_path / "out")),
+                       nprocs=2, join=True, start_method="fork")
+    said = [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)]
+    for text in said:
+        assert re.match(r"RuntimeError: rank 1 failed scoring cluster/\S+(, cluster/\S+)* of the SimCSE evaluation: "
+                        r"ValueError: faiss broke \(cause: ", text), text
+    assert said[0].endswith("(cause: None)") and said[1].endswith("(cause: ValueError('faiss broke'))")
 
 
 @pytest.fixture(scope="module")

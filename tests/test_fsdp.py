@@ -1,7 +1,8 @@
 """FSDP2 (`trainer.strategy: fsdp_layers`) on 2 CPU processes (gloo): it trains as DDP does (fp32, dropout
 0: the same weights after 3 steps, stopped by SIGTERM and resumed after step 2, to 1e-9, ClusterNS's centroids
 and LoRA's adapters included, and so the same embeddings), runs the preset's user command with evaluators in bf16, and `--ckpt_path last`
-follows rank 0 where the ranks see different files."""
+follows rank 0 where the ranks see different files (processes srun starts; an elastic restart never reads the
+previous attempt's answer). Sharded validation and `encode` run without inference mode."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import socket
 import subprocess
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -130,22 +133,102 @@ def test_ckpt_path_last_follows_rank_zero(tmp_path):
     assert resolve_last("fit", callback, lambda seen: seen) == str(callback.last_path)  # one process
 
 
-def decision_worker(rank: int, port: int, out: str) -> None:
-    """A process as torchrun starts it: no process group yet, rank 0's decision through the store, then the
-    process group on the same port."""
-    os.environ.update({"TORCHELASTIC_RUN_ID": "test", "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def srun_environment(rank: int, port: int) -> dict[str, str]:
+    """What srun sets for task `rank` of 2 on one node (job 77, step 3), and the address the job script exports."""
+    return {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "3", "SLURM_JOB_NAME": "test",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def srun_worker(rank: int, port: int, out: str) -> None:
+    """A process as srun starts it (no agent, no process group yet): rank 0's decision through the store rank 0
+    serves, then the process group on the same port, which joins that server."""
+    os.environ.update(srun_environment(rank, port))
     decision = decided_by_rank_zero("last" if rank == 0 else "none")
-    dist.init_process_group("gloo", init_method="env://")
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2)
     ranks = torch.tensor([rank])
     dist.all_reduce(ranks)
     Path(f"{out}.{rank}").write_text(f"{decision} {int(ranks)}")
     dist.destroy_process_group()
 
 
-def test_processes_launched_outside_take_rank_zeros_decision(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.start_processes(decision_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True, start_method="fork")
+def test_processes_srun_starts_take_rank_zeros_decision(tmp_path):
+    mp.start_processes(srun_worker, args=(free_port(), str(tmp_path / "out")), nprocs=2, join=True,
+                       start_method="fork")
     assert [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)] == ["last 1", "last 1"]
+
+
+def restarted_worker(rank: int, port: int, out: str) -> None:
+    """Two attempts of one torchrun run against the agent's store (served by the test, as torchrun's agent serves
+    it, and outliving the attempts): rank 0 sees no checkpoint in the first and last.ckpt in the second, where
+    it decides late."""
+    os.environ.update({"TORCHELASTIC_RUN_ID": "run", "TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": str(rank),
+                       "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)})
+    first = decided_by_rank_zero("none")
+    if rank == 0:
+        time.sleep(0.5)  # rank 1 asks first: it must wait for this attempt's answer, not take the first's
+    second = decided_by_rank_zero("last" if rank == 0 else "none")
+    Path(f"{out}.{rank}").write_text(f"{first} {second}")
+
+
+def test_an_elastic_restart_never_reads_the_previous_attempts_decision(tmp_path):
+    port = free_port()
+    agent = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    mp.start_processes(restarted_worker, args=(port, str(tmp_path / "out")), nprocs=2, join=True, start_method="fork")
+    assert [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)] == ["none last", "none last"]
+    del agent
+
+
+def test_a_rank_that_waits_in_vain_says_for_what(monkeypatch):
+    """Rank 1 of 2 with no rank 0 anywhere: the error names the rank, the store and the run."""
+    for key, value in srun_environment(1, free_port()).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(TimeoutError, match=r"--ckpt_path last: rank 1 of 2, waiting up to 0:00:00.300000 for rank "
+                                           r"0's decision through the store at 127.0.0.1:\d+ \(SLURM job 77 step 3\)"):
+        decided_by_rank_zero("none", timeout=timedelta(seconds=0.3))
+
+
+def grad_mode_worker(rank: int, backbone: str, out: str) -> None:
+    """`sentemb validate` under fsdp_layers in one CPU process, its loop choosing as on NCCL (Lightning runs any
+    gloo process group under no_grad, which hid the GPU's path): whether inference mode is on in the validation
+    step and in `encode` there."""
+    from lightning import Trainer
+    from lightning.pytorch.loops import utilities
+    from torch.utils.data import DataLoader
+
+    from lightning_sentemb.fsdp import LayerFSDPStrategy
+    from lightning_sentemb.methods.building import build_method
+    from lightning_sentemb.methods.simcse import SimCSE
+
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), nor may
+    os.environ["OMP_NUM_THREADS"] = "1"  # Lightning's strategy raise the thread count again
+    utilities._distributed_is_initialized = lambda: False
+    method = build_method(SimCSE, backbone, pooler="cls", mlp="none")
+    seen, embed = {}, method.embed_features
+
+    def embed_features(features):
+        seen["encode"] = torch.is_inference_mode_enabled()
+        return embed(features)
+
+    def validation_step(batch, batch_idx):
+        seen["validation"] = torch.is_inference_mode_enabled()
+        method.encode(SENTENCES[:1])
+
+    method.embed_features, method.validation_step = embed_features, validation_step
+    method.on_validation_epoch_end = None
+    Trainer(strategy=LayerFSDPStrategy(), accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False).validate(method, DataLoader([0]))
+    Path(out).write_text(json.dumps(seen))
+
+
+def test_sharded_validation_and_encode_run_without_inference_mode(tiny_bert, tmp_path):
+    mp.start_processes(grad_mode_worker, args=(tiny_bert, str(tmp_path / "seen.json")), nprocs=1, join=True,
+                       start_method="fork")
+    assert json.loads((tmp_path / "seen.json").read_text()) == {"validation": False, "encode": False}

@@ -1,12 +1,13 @@
 """Every fit leaves a usable, resumable result: last.ckpt and best.ckpt, end-of-fit validation, exact
 mid-epoch resume after SIGTERM (bit for bit, per method, with and without DataLoader workers, under
-2-process DDP), no stale checkpoints, the divergence guard."""
+2-process DDP under torchrun), no stale checkpoints, the divergence guard."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from lightning_sentemb.callbacks.checkpointing import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import lightning_main
 from lightning_sentemb.methods.building import build_method
-from tests.launch import launch
+from tests.launch import torchrun
 
 MAX_STEPS, KILL_AT = 7, 3  # 20 sentences / batch 4 = 5 batches an epoch: the resume crosses an epoch
 
@@ -132,11 +133,12 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["clusterns"])
-def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, corpus, tmp_path):
-    """The same under 2-process CPU DDP (gloo): SIGTERM on rank 0 stops both ranks at one step. ClusterNS
-    only: its step is SimCSE's plus the centroids rank 0 broadcasts. One launch (tests/launch.py): the
-    reference, the run stopped by SIGTERM, its resume."""
+def test_torchrun_resume_is_bit_exact(tiny_bert, sts_fixture, corpus, tmp_path):
+    """The same under 2-process CPU DDP (gloo) started by torchrun, with the multinode preset: SIGTERM on rank 0
+    stops both ranks at one step, and `sentemb fit --ckpt_path last` under a new torchrun resumes it (rank 0's
+    decision through the store torchrun's agent serves on MASTER_PORT). ClusterNS: its step is SimCSE's plus the
+    centroids rank 0 broadcasts. Two launches: the reference and the stopped run in one (tests/launch.py), the
+    resume as users type it."""
 
     def command(root: Path, losses: Path, *extra: str) -> list[str]:
         kill = extra == ("kill",)
@@ -144,17 +146,22 @@ def test_two_process_ddp_resume_is_bit_exact(method, tiny_bert, sts_fixture, cor
         callbacks += [{"class_path": "tests.test_resume.TerminateAt", "init_args": {"step": KILL_AT}}] if kill else []
         config = root.parent / f"{root.name}{'-kill' if kill else ''}-callbacks.yaml"
         config.write_text(json.dumps({"trainer": {"callbacks": callbacks}}))
-        return ["fit", *run_args(method, tiny_bert, sts_fixture, corpus, root, 0, "--data.batch_size", "2",
-                                 "--trainer.strategy", "ddp", "--trainer.devices", "2", "-c", str(config),
-                                 *(() if kill else extra))]
+        return ["fit", "-c", "experiments/trainer/multinode.yaml",
+                *run_args("clusterns", tiny_bert, sts_fixture, corpus, root, 0, "--data.batch_size", "2",
+                          "--trainer.devices", "2", "--trainer.num_nodes", "1", "--trainer.precision", "32-true",
+                          "--data.pin_memory", "false", "-c", str(config), *(() if kill else extra))]
 
-    done = launch([command(tmp_path / "reference", tmp_path / "reference.jsonl"),
-                   command(tmp_path / "run", tmp_path / "run.jsonl", "kill"),
-                   command(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")], tmp_path / "commands.json")
+    commands = tmp_path / "commands.json"
+    commands.write_text(json.dumps([command(tmp_path / "reference", tmp_path / "reference.jsonl"),
+                                    command(tmp_path / "run", tmp_path / "run.jsonl", "kill")]))
+    done = torchrun(["-m", "tests.launch", str(commands)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "launch: command 1 stopped by SIGTERM" in done.stdout
     # under DDP the ranks agree to stop at the next decision point: here the validation of step 5
     assert done.stderr.count("stopped at step ") == 1 and "stopped at step 5:" in done.stderr, done.stderr[-3000:]
+    resumed = torchrun([str(Path(sys.executable).with_name("sentemb")),
+                        *command(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")], timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert read_losses(tmp_path / "run.jsonl") == read_losses(tmp_path / "reference.jsonl")
     assert sorted(read_losses(tmp_path / "reference.jsonl")) == list(range(1, MAX_STEPS + 1))
     state, expected = trained_state(tmp_path / "run"), trained_state(tmp_path / "reference")

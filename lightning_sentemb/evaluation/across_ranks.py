@@ -9,9 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
-import torch.distributed as dist
 
-from ..distributed import world
+from ..distributed import gather_or_raise, world
 from . import SENTEVAL_KFOLD
 from .suite import SuitePlan, evaluate_suite
 
@@ -39,8 +38,9 @@ def evaluate_across_ranks(
 ) -> dict[str, dict]:
     """`evaluate_suite` where `encode` is `SentEmbMethod.encode_across_ranks` (every rank calls it with the
     same sentences). The sentences of the transfer and clustering tasks are encoded once, together; each
-    rank scores its tasks (`assign_tasks`) on them and every rank gets all results (`all_gather_object`,
-    one collective after the scoring). STS and the analysis run as in one process, on every rank.
+    rank scores its tasks (`assign_tasks`) on them and every rank gets all results (`gather_or_raise`: one
+    collective after the scoring; a rank's error is raised on every rank). STS and the analysis run as in one
+    process, on every rank.
     `transfer_kfold`: `SuitePlan.transfer_kfold`."""
     plan = replace(SuitePlan.load(evaluators, data_dir), transfer_kfold=transfer_kfold)
     rank, size = world()
@@ -63,9 +63,8 @@ def evaluate_across_ranks(
     mine = set(assign_tasks(sizes, size)[rank])
     own = replace(split, transfer={t: s for t, s in split.transfer.items() if f"transfer/{t}" in mine},
                   clustering={t: d for t, d in split.clustering.items() if f"cluster/{t}" in mine})
-    scored = evaluate_suite(encoded, own, figure_dir=figure_dir, name=name)
-    everyone: list[dict] = [{} for _ in range(size)]
-    dist.all_gather_object(everyone, scored)
+    everyone = gather_or_raise(lambda: evaluate_suite(encoded, own, figure_dir=figure_dir, name=name),
+                               f"scoring {', '.join(sorted(mine)) or 'nothing'} of the {name} evaluation")
     for key, tasks in (("transfer", split.transfer), ("clustering", split.clustering)):
         found = {task: result for part in everyone for task, result in part.get(key, {}).items()}
         if tasks:

@@ -12,6 +12,7 @@ from torch import Tensor
 from ..console import progress_bar
 from ..distributed import gather_strided_rows, world
 from ..encoders.memory import DTYPES
+from ..fsdp import grad_free
 
 
 def sentence_features(method: LightningModule, sentences: list[str]) -> dict[str, Tensor]:
@@ -47,7 +48,6 @@ def eval_autocast(method: LightningModule) -> torch.autocast:
     return autocast_for(method.device, method.hparams.eval_precision)
 
 
-@torch.inference_mode()
 def encode(
     method: LightningModule, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
     label: str = "encode",
@@ -55,10 +55,16 @@ def encode(
     """(n, hidden) float32 embeddings on CPU, in the input order; `label` names the progress bar
     (evaluators pass the task running).
 
-    Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient,
-    autocast per `eval_precision`. Every evaluator calls this.
+    Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient (inference mode,
+    or `no_grad` where FSDP2 shards the module: `fsdp.grad_free`), autocast per `eval_precision`. Every evaluator
+    calls this.
     """
-    batch_size = batch_size or method.hparams.eval_batch_size
+    with grad_free(method):
+        return _encode(method, sentences, batch_size or method.hparams.eval_batch_size, show_progress, label)
+
+
+def _encode(method: LightningModule, sentences: list[str], batch_size: int, show_progress: bool | None,
+            label: str) -> Tensor:
     if not sentences:  # a rank's empty share in `encode_across_ranks`
         return torch.empty(0, method.output_size, dtype=torch.float32)
     was_training = method.training
