@@ -16,7 +16,7 @@ from lightning_sentemb.export import export
 from lightning_sentemb.loading import load_method
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss, energy_hinge_loss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
-from lightning_sentemb.losses.mlm import mlm_loss
+from lightning_sentemb.losses.mlm import mlm_loss, token_prediction_loss
 from lightning_sentemb.methods import DCPCSE, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.dcpcse import trainable_parameter_count
@@ -101,7 +101,9 @@ def test_zero_length_prefix_reproduces_the_plain_backbone(family, pooler, reques
     prefixed.encoder.mlm_model.load_state_dict(plain.encoder.mlm_model.state_dict())  # both heads are fresh
     prefixed.eval(), plain.eval()
     with torch.no_grad():
-        torch.testing.assert_close(prefixed.encoder.mlm_logits(**batch), plain.encoder.mlm_logits(**batch), rtol=0, atol=0)
+        every_position = torch.arange(batch["input_ids"].numel())
+        torch.testing.assert_close(prefixed.encoder.mlm_logits(**batch, layout=None, index=every_position),
+                                   plain.encoder.mlm_logits(**batch, layout=None, index=every_position), rtol=0, atol=0)
 
 
 def test_truncation_is_capped_by_the_shifted_positions(tiny_bert) -> None:
@@ -131,8 +133,40 @@ def test_gradients_reach_the_prefix_of_every_layer_from_both_losses(family, requ
     assert_every_layer_key_and_value_has_gradient()
     weight.grad = None
     mlm = batch["mlm"]  # the MLM forward alone: it goes through the prefix too
-    mlm_loss(method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"]), mlm["labels"]).backward()
+    token_prediction_loss(method.encoder, mlm, mlm["predicted"]).backward()
     assert_every_layer_key_and_value_has_gradient()
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("method_class", [SimCSE, DCPCSE])
+def test_mlm_head_on_the_predicted_rows_equals_every_position(method_class, padding_free, tiny_bert) -> None:
+    """The auxiliary MLM loss of `step_loss` runs the head on the masked tokens' states alone; its value and
+    gradients equal the full-vocabulary logits at every position scored as before (float64, 1e-6)."""
+    options = {} if method_class is SimCSE else {"prefix_len": 2}
+    method = build_method(method_class, tiny_bert, mlm_weight=0.1, mlp="none", dropout=0.0,
+                          attn_implementation=None if padding_free else "padded", **options).double()
+    assert method.encoder.padding_free == padding_free
+    batch = unsupervised_batch(method)
+    mlm, predicted = batch["mlm"], batch["mlm"]["predicted"]
+    head_rows = []
+    method.encoder.mlm_model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: head_rows.append(args[0].shape[0]))
+    mlm_only = method.step_loss(batch)[1]["mlm_loss"]
+    assert head_rows == [predicted.count] and 0 < predicted.count < mlm["attention_mask"].sum() / 3
+    trainable = [p for p in method.parameters() if p.requires_grad]
+    got = torch.autograd.grad(mlm_only, trainable, allow_unused=True)
+    labels = torch.full((mlm["input_ids"].numel(),), -100)
+    labels[predicted.index] = predicted.labels
+    every_position = torch.arange(mlm["input_ids"].numel())
+    logits = method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"], mlm["layout"], every_position)
+    expected = mlm_loss(logits, labels)
+    want = torch.autograd.grad(expected, trainable, allow_unused=True)
+    torch.testing.assert_close(mlm_only, expected, rtol=1e-6, atol=1e-6)
+    assert sum(g is not None for g in got) > 2
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_gradients_reach_the_reparameterized_prefix(tiny_bert) -> None:
@@ -159,7 +193,7 @@ def test_mlm_weight_schedule_by_hand(tiny_bert, monkeypatch) -> None:
         total = method.training_step(batch, 0)
         contrastive, _ = method.training_loss(batch)
         mlm = batch["mlm"]
-        auxiliary = mlm_loss(method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"]), mlm["labels"])
+        auxiliary = token_prediction_loss(method.encoder, mlm, mlm["predicted"])
     torch.testing.assert_close(total, contrastive + 0.09025 * auxiliary)
 
 

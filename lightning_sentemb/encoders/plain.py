@@ -146,7 +146,7 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
 # attention kernel of the padded forward) for
 # the encoders built in `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no
 # method passes them on.
-_BACKBONE_OPTIONS: ContextVar[dict[str, Any]] = ContextVar("backbone_options", default={})
+_BACKBONE_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("backbone_options", default=None)
 _DEFER_WEIGHTS: ContextVar[bool] = ContextVar("defer_weights", default=False)
 # what `from_pretrained` takes beyond the config's own fields (which it sets on the config)
 _LOADING_OPTIONS = ("dtype", "quantization_config", "device_map", "attn_implementation")
@@ -185,7 +185,8 @@ class Encoder(nn.Module):
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
     head whose decoder is tied to the word embeddings. With `with_lm_head`, a decoder's causal-LM head
-    (AutoModelForCausalLM; MNTP), served by the same `mlm_logits`. The backbone's weights load with the options of
+    (AutoModelForCausalLM; MNTP), served by the same `mlm_logits`: frozen when untied, trained with the
+    input embeddings it is when tied. The backbone's weights load with the options of
     the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without; when it
     defers them, `load_backbone` loads them later (`SentEmbMethod.configure_model`).
 
@@ -212,7 +213,8 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         if pooler not in POOLERS:
-            raise SentEmbUserError(f"model.init_args.pooler: unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+            raise SentEmbUserError(f"model.init_args.pooler: unknown pooler {pooler!r}; choose one of "
+                                   f"{', '.join(POOLERS)}")
         if pooler == "mask" and not self.reads_templates:
             raise SentEmbUserError("model.init_args.pooler: 'mask' reads a template's mask token; plain-input methods "
                                    f"pool with one of {', '.join(p for p in POOLERS if p != 'mask')}")
@@ -230,7 +232,7 @@ class Encoder(nn.Module):
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         family.prepare_tokenizer(self.tokenizer)
         self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModelForCausalLM if with_lm_head else AutoModel
-        options = _BACKBONE_OPTIONS.get()
+        options = _BACKBONE_OPTIONS.get() or {}
         if _DEFER_WEIGHTS.get():
             self.set_backbone(backbone_skeleton(self.auto_class, backbone, options))
         else:
@@ -249,8 +251,9 @@ class Encoder(nn.Module):
         """Take `model` (an `auto_class` model: with the MLM head when there is one) as the backbone."""
         self.mlm_model = model if self.auto_class is not AutoModel else None
         self.backbone = model.base_model if self.mlm_model is not None else model
-        if self.auto_class is AutoModelForCausalLM:  # next-token prediction reads the head as pretrained
-            model.get_output_embeddings().requires_grad_(False)
+        head = model.get_output_embeddings() if self.auto_class is AutoModelForCausalLM else None
+        if head is not None and head.weight is not model.get_input_embeddings().weight:
+            head.requires_grad_(False)  # next-token prediction reads an untied head as pretrained (methods.mntp)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
@@ -365,11 +368,18 @@ class Encoder(nn.Module):
         without `combine_keys` gives the row states, so they can be computed in chunks."""
         return row_states
 
-    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
-        """MLM logits: the backbone's forward (packed with the batch's `layout` when switched on), then the
-        masked-LM model's head."""
+    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None,
+                   index: Tensor) -> Tensor:
+        """(len(index), vocab) logits of the MLM (or causal-LM) head at the flat positions `index` of the
+        (batch · width) final states (`losses.mlm.PredictedTokens`): the head runs on the rows a loss reads,
+        never on the full vocabulary at every position."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
+        hidden = self.mlm_hidden_states(input_ids, attention_mask, layout)
+        return self.family.mlm_logits(self.mlm_model, hidden.flatten(0, 1).index_select(0, index))
+
+    def mlm_hidden_states(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None) -> Tensor:
+        """(batch, width, hidden) final states the MLM head reads: the backbone's forward (packed with the
+        batch's `layout` when switched on); formats that inject a prefix override this."""
         features = {"attention_mask": attention_mask, "layout": layout}
-        hidden = self.call_backbone(features, input_ids=input_ids, output_hidden_states=False).last_hidden_state
-        return self.family.mlm_logits(self.mlm_model, hidden)
+        return self.call_backbone(features, input_ids=input_ids, output_hidden_states=False).last_hidden_state

@@ -97,13 +97,10 @@ class PrefixTunedEncoder(Encoder):
             kernel=self.packed_kernel,
         )
 
-    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
+    def mlm_hidden_states(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None) -> Tensor:
         """MLM through the prefix too, so the auxiliary loss trains it (as in the reference); packed with
         the batch's layout when the encoder is."""
-        if self.mlm_model is None:
-            raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        hidden = self.prefixed(input_ids, attention_mask, layout=layout, kernel=self.packed_kernel).last_hidden_state
-        return self.family.mlm_logits(self.mlm_model, hidden)
+        return self.prefixed(input_ids, attention_mask, layout=layout, kernel=self.packed_kernel).last_hidden_state
 
 
 def trainable_parameter_count(
