@@ -29,7 +29,8 @@ SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", 
 def examples(method: DCPCSE, rows: list[dict[str, str]]) -> list[dict[str, list[int]]]:
     """Tokenized training examples as the DataModule caches them."""
     tokenize = method.tokenizer
-    return [{column: tokenize(text, add_special_tokens=False)["input_ids"] for column, text in row.items()} for row in rows]
+    return [{column: tokenize(text, add_special_tokens=False)["input_ids"] for column, text in row.items()}
+            for row in rows]
 
 
 def unsupervised_batch(method: DCPCSE) -> dict:
@@ -65,7 +66,8 @@ def test_bert_base_trainable_parameters_from_config(capsys) -> None:
 @pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
 @pytest.mark.parametrize("mlp,mlm,projection", [("train", False, False), ("none", True, False), ("always", True, True)])
 def test_parameter_count_formula_matches_the_module(family, mlp, mlm, projection, request) -> None:
-    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=5, mlp=mlp, mlm_weight=0.1 if mlm else 0.0,
+    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=5, mlp=mlp,
+                          mlm_weight=0.1 if mlm else 0.0,
                     prefix_projection=projection, prefix_hidden_size=24)
     trainable = sum(p.numel() for p in method.parameters() if p.requires_grad)
     config = method.encoder.backbone.config
@@ -84,7 +86,8 @@ def test_backbone_frozen_in_train_mode_and_mlm_decoder_tied(family, request) -> 
     base_model = f"encoder.mlm_model.{encoder.mlm_model.base_model_prefix}."
     head = {name for name, _ in method.named_parameters() if name.startswith("encoder.mlm_model.")
             and not name.startswith(base_model)}  # the tied decoder weight is listed under the embeddings
-    prefix = {f"encoder.prefixed.prefix_encoder.{name}" for name, _ in encoder.prefixed.prefix_encoder.named_parameters()}
+    prefix = {f"encoder.prefixed.prefix_encoder.{name}"
+              for name, _ in encoder.prefixed.prefix_encoder.named_parameters()}
     assert head and trainable == prefix | head | {"mlp.0.weight", "mlp.0.bias"}
 
 
@@ -182,7 +185,8 @@ def test_mlm_weight_schedule_by_hand(tiny_bert, monkeypatch) -> None:
     expected = {0: 0.1, 50: 0.1 * math.sqrt(0.95), 100: 0.095, 200: 0.09025, 1000: 0.05987369392383789}
     for step, weight in expected.items():
         assert method.mlm_weight_at(step) == pytest.approx(weight, rel=1e-12), step
-    assert build_method(DCPCSE, tiny_bert, mlm_weight=0.2, mlm_decay_rate=0.5, mlm_decay_steps=10).mlm_weight_at(20) == pytest.approx(0.05)
+    decaying = build_method(DCPCSE, tiny_bert, mlm_weight=0.2, mlm_decay_rate=0.5, mlm_decay_steps=10)
+    assert decaying.mlm_weight_at(20) == pytest.approx(0.05)
     assert build_method(DCPCSE, tiny_bert).mlm_weight_at(500) == 0.0  # MLM off by default (paper: BERT)
 
     # training_step weighs the MLM loss with the weight at the current global step
@@ -246,7 +250,8 @@ class BackboneModeProbe(Callback):
 
 
 def short_fit(method: DCPCSE, corpus: Path, root: Path, max_steps: int = 3, ckpt_path: str | None = None) -> Trainer:
-    data = SentEmbDataModule(train_file=str(corpus), batch_size=8, cache_dir=str(root / "cache"), val_tasks=[], test_tasks=[])
+    data = SentEmbDataModule(train_file=str(corpus), batch_size=8, cache_dir=str(root / "cache"), val_tasks=[],
+                             test_tasks=[])
     trainer = Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                       callbacks=[BackboneModeProbe()], default_root_dir=str(root))
@@ -325,7 +330,8 @@ def test_sentemb_export_of_a_checkpoint_round_trips(fitted, tmp_path) -> None:
      ("tiny_roberta", "avg", "none", False), ("tiny_roberta", "avg_first_last", "none", False),
      ("tiny_bert", "avg_top2", "none", False)],
 )
-def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(family, pooler, mlp, projection, request, tmp_path) -> None:
+def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(family, pooler, mlp, projection, request,
+                                                                              tmp_path) -> None:
     from sentence_transformers import SentenceTransformer
 
     torch.manual_seed(0)
@@ -333,7 +339,8 @@ def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(fa
                     prefix_projection=projection, prefix_hidden_size=16)
     for p in method.encoder.prefixed.prefix_encoder.parameters():
         torch.nn.init.normal_(p, std=0.5)  # a prefix that visibly changes the embeddings
-    assert not torch.allclose(method.encode(SENTENCES), build_method(SimCSE, method.hparams.backbone, pooler=pooler, mlp=mlp).encode(SENTENCES))
+    plain = build_method(SimCSE, method.hparams.backbone, pooler=pooler, mlp=mlp)
+    assert not torch.allclose(method.encode(SENTENCES), plain.encode(SENTENCES))
     folder = export(method, tmp_path / "export")
 
     weights = [f for f in folder.rglob("*.safetensors")]
@@ -349,7 +356,8 @@ def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(fa
 # ----- supervised and the CLI ---------------------------------------------------------------------
 def test_supervised_fit_with_nli_triplets_and_energy_hinge(tiny_bert, sts_fixture, tmp_path) -> None:
     nli = tmp_path / "nli.csv"
-    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"a man {i} runs,a person {i} moves,nobody {i} sits\n" for i in range(32)))
+    nli.write_text("sent0,sent1,hard_neg\n"
+                   + "".join(f"a man {i} runs,a person {i} moves,nobody {i} sits\n" for i in range(32)))
     main(["fit", "--model", "lightning_sentemb.methods.DCPCSE", "--model.backbone", tiny_bert,
           "--model.prefix_len", "3", "--model.mlp", "always", "--model.hinge_weight", "10",
           "--data.train_file", str(nli), "--data.data_dir", str(sts_fixture), "--data.batch_size", "8",
