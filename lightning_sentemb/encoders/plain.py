@@ -26,7 +26,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
-from .packed import PADDED, PADDING_FREE, TokenLayout, is_packed, layout_of, packed_forward, set_attention
+from .packed import SENTEMB_ATTENTION, TokenLayout, layout_of, packed_forward, set_attention
 from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
@@ -202,6 +202,8 @@ class Encoder(nn.Module):
     reads_echo: bool = False
     # a decoder's causal masking off (`set_bidirectional`)
     bidirectional: bool = False
+    # the packed forward on (`set_padding_free`), else the padded one
+    padding_free: bool = False
 
     def __init__(
         self,
@@ -264,8 +266,8 @@ class Encoder(nn.Module):
     def set_bidirectional(self) -> None:
         """Every token of a decoder sees the whole sentence (LLM2Vec): `config.is_causal = False`, transformers'
         switch, which its padded masks honour, and our attention function too (`encoders.packed`: no causal
-        masking, no sliding window, in every kernel). The padded forward then runs through ours (`PADDED`),
-        since transformers' SDPA would mask causally a batch without padding."""
+        masking, no sliding window, in every kernel). The padded forward then runs through ours
+        (`SENTEMB_ATTENTION`), since transformers' SDPA would mask causally a batch without padding."""
         refusal = self.family.bidirectional_refusal(self.backbone)
         if refusal is None and self.attn_implementation is not None:
             refusal = (f"attn_implementation {self.attn_implementation!r} is transformers' own kernel; bidirectional "
@@ -274,7 +276,7 @@ class Encoder(nn.Module):
             raise UnsupportedBackbone(f"bidirectional: {refusal}")
         self.bidirectional = True
         self.backbone.config.is_causal = False
-        self.padded_attention = PADDED
+        self.padded_attention = SENTEMB_ATTENTION
         self.set_padding_free(self.padding_free)
 
     @property
@@ -299,12 +301,11 @@ class Encoder(nn.Module):
     def max_length(self) -> int:
         return min(self.tokenizer.model_max_length, self.family.max_positions)
 
-    @property
-    def padding_free(self) -> bool:
-        return is_packed(self.backbone)
-
     def set_padding_free(self, padding_free: bool) -> None:
-        set_attention(self.backbone, PADDING_FREE if padding_free else self.padded_attention)
+        """The packed forward (`encoders.packed`: our attention function, set once) or the padded one (with
+        `padded_attention`) from the next call on."""
+        self.padding_free = padding_free
+        set_attention(self.backbone, SENTEMB_ATTENTION if padding_free else self.padded_attention)
 
     def configure_speed(self, padding_free: bool, compile_layers: bool) -> None:
         """Padding-free forward where the backbone supports it and no `attn_implementation` was asked for
