@@ -6,6 +6,7 @@ and every gradient on a tiny decoder, in float64, with LoRA and in full fine-tun
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from lightning_sentemb.encoders.packed import set_attention
 from lightning_sentemb.methods import MNTP
 from lightning_sentemb.methods.building import build_method
 from tests.conftest import DECODER_SIZES, minilm_ids, save_tiny
+from tests.sync_counting import StepCounter
 
 SENTENCES = ["a man is playing a guitar on the stage tonight .", "the cat sat on the mat .",
              "this sentence means something rather long , really .", "two dogs run across the field today ."]
@@ -126,6 +128,26 @@ def test_untied_head_stays_frozen_in_full_fine_tuning(tiny_qwen2: str) -> None:
     head = method.encoder.mlm_model.get_output_embeddings()
     assert head.weight is not method.encoder.backbone.get_input_embeddings().weight
     assert not head.weight.requires_grad and method.encoder.backbone.get_input_embeddings().weight.requires_grad
+
+
+def test_mntp_step_reads_nothing_back(tiny_qwen2: str) -> None:
+    """The predicting states come from the collator and their count from the host: MNTP's loss and backward
+    read nothing back from the device, padding-free; padded, only transformers' mask preparation reads (the
+    counter sees reads)."""
+    progress = SimpleNamespace(total=SimpleNamespace(ready=1))
+    trainer = SimpleNamespace(sanity_checking=False, validating=False,
+                              fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)))
+    owners = {}
+    for attention in (None, "padded"):
+        method = build_method(MNTP, tiny_qwen2, attn_implementation=attention).train()
+        batch = batch_of(method)
+        counter = StepCounter()
+        counter.trainer = trainer  # what it reads of a fit: the step
+        with counter.counting_host_syncs():
+            loss, _ = method.training_loss(batch)
+            loss.backward()
+        owners[attention] = {record.owner for record in counter.records}
+    assert owners[None] == set() and owners["padded"] == {"transformers"}
 
 
 def test_mntp_corruption(tiny_qwen2: str) -> None:
