@@ -314,7 +314,8 @@ def test_resume_is_bit_exact_on_a_decoder(method: str, tiny_qwen2, sts_fixture, 
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} is about {['cats', 'dogs', 'birds'][i % 3]} .\n" for i in range(20)))
-    monkeypatch.setitem(resume.METHODS, method, ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
+    monkeypatch.setitem(resume.METHODS, method,
+                        ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
 
     def args(root):
         return resume.run_args(method, tiny_qwen2, sts_fixture, corpus, root, 0)
@@ -363,7 +364,8 @@ def test_a_decoder_folder_is_evaluated_with_last_token_pooling_by_default(tiny_q
 
     method = load_method(tiny_qwen2)
     assert method.encoder.pooler == "last"
-    torch.testing.assert_close(method.encode(SENTENCES[:2]), load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))
+    last = load_method(tiny_qwen2, pooler="last")
+    torch.testing.assert_close(method.encode(SENTENCES[:2]), last.encode(SENTENCES[:2]))
 
 
 def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_refusal(tmp_path) -> None:
