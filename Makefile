@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gradcache.py
 	$(BIN)/python benchmarks/lora.py
 	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py
+	$(BIN)/python benchmarks/mntp.py
 
 # One command on a CUDA GPU: CUDA tests, a bf16 step of every method, fast paths against plain ones,
 # throughput, 2-process DDP; a report in the folder it prints (benchmarks/gpu_check.py). ARGS: e.g. --budget 300.

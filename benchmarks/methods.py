@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.data.paths import resolve_data_dir
@@ -48,7 +49,7 @@ def prepare(method: SentEmbMethod, sentences: list[str], max_tokens: int = 30):
     optimizer = torch.optim.AdamW(trainable, lr=method.hparams.lr, fused=True)
     ids = method.tokenizer(sentences, add_special_tokens=False)["input_ids"]
     batch = method.collate([{"sent0": row[:max_tokens]} for row in ids])
-    batch["features"] = {k: v.to(method.device) for k, v in batch["features"].items()}
+    batch = move_data_to_device(batch, method.device)  # as Lightning moves it: layouts, predicted tokens too
     clustering = getattr(method, "cluster_state", None)
     if clustering is not None:
         with torch.no_grad():

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .encoders.plain import Encoder
-from .losses.mlm import mlm_loss
+from .losses.mlm import token_prediction_loss
 
 
 class CachedMethod(Protocol):
@@ -113,11 +113,11 @@ def grad_cache_backward(
             backward((rows_with_graph.to(row_grads.dtype) * row_grads[span]).sum())
         if "mlm" in batch:
             mlm, weight = batch["mlm"], method.mlm_weight_at(method.global_step)
-            predicted = (mlm["labels"] != -100).sum()
             logs["mlm_loss"] = loss.new_zeros(())
             for span in chunk_spans(mlm["input_ids"].size(0), chunk):
-                logits = encoder.mlm_logits(mlm["input_ids"][span], mlm["attention_mask"][span], mlm["layout"][span])
-                part = mlm_loss(logits, mlm["labels"][span], reduction="sum") / predicted
+                rows_in_span = rows_of(mlm, span, ())
+                part = token_prediction_loss(encoder, rows_in_span, rows_in_span["predicted"], "sum")
+                part = part / mlm["predicted"].count
                 backward(weight * part)
                 logs["mlm_loss"] += part.detach()
             loss = loss + weight * logs["mlm_loss"]

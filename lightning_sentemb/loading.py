@@ -16,6 +16,7 @@ from .build import build_method
 from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .encoders.pretrained import load_config
 from .errors import SentEmbUserError
+from .precision import autocast_for
 from .user_code import add_user_folders, missing_module_error
 
 # A plain folder is embedded as SimCSE with no MLP. Named, not imported: `loading` sits below the methods
@@ -68,7 +69,8 @@ def load_method(
     method = build_method(simcse, path, pooler="cls", mlp="always", **overrides)
     backbone_pooler = getattr(method.encoder.backbone, "pooler", None)
     if backbone_pooler is None:
-        raise SentEmbUserError(f"--pooler cls: {path} has no pooler layer, so 'cls' is undefined; use cls_before_pooler")
+        raise SentEmbUserError(f"--pooler cls: {path} has no pooler layer, so 'cls' is undefined; "
+                               "use cls_before_pooler")
     method.mlp[0].load_state_dict(backbone_pooler.dense.state_dict())
     return method
 
@@ -100,16 +102,20 @@ def load_embedder(
     """The embedding of a checkpoint, HF folder, hub name or `pkg:` model (`load_method`, with
     `pooler`), or of an export of a prompt or prefix method (through sentence-transformers, which runs
     the export's own module; `pooler` given means the bare backbone instead). `batch_size` is the
-    default of `encode`; `overrides` go to `load_method` (e.g. `template`)."""
+    default of `encode`; `overrides` go to `load_method` (e.g. `template`). `eval_precision` replaces a
+    checkpoint's and an export's own alike (`SentEmbMethod`'s option; an export saves its method's)."""
     if pooler is None and not overrides and is_our_export(path):
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(path, device=device, trust_remote_code=True)
+        model[0].eval_precision = eval_precision  # as `load_method` overrides a checkpoint's
 
         def encode_export(sentences: list[str], batch_size: int | None = batch_size,
                           show_progress: bool | None = None, label: str = "encode") -> torch.Tensor:
-            return model.encode(list(sentences), batch_size=batch_size or 32, convert_to_tensor=True,
-                                show_progress_bar=bool(show_progress)).float().cpu()
+            with autocast_for(model.device, eval_precision):  # the modules after ours too, as in `encode`
+                embeddings = model.encode(list(sentences), batch_size=batch_size or 32, convert_to_tensor=True,
+                                          show_progress_bar=bool(show_progress))
+            return embeddings.float().cpu()
 
         return Embedder(encode_export, model.get_embedding_dimension())
     method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,

@@ -1,4 +1,5 @@
-"""Precision of float32 matrix products: exact where a product decides a loss, TF32 elsewhere.
+"""Precision of float32 matrix products: exact where a product decides a loss, TF32 elsewhere; and the
+autocast of evaluation (`eval_precision`, `autocast_for`), shared by `encode` and the exports' modules.
 
 Autocast recasts every matmul to bf16/fp16, whatever its inputs' dtype, and TF32 keeps 10 mantissa
 bits. Both are fine for the backbone's GEMMs, but not for the similarity logits: at τ 0.05 a cosine
@@ -28,6 +29,16 @@ def exact_fp32(device_type: str) -> Iterator[None]:
     finally:
         if previous != "highest":
             torch.set_float32_matmul_precision(previous)
+
+
+def autocast_for(device: torch.device, precision: str) -> torch.autocast:
+    """`eval_precision`'s autocast: with "auto", bf16 on GPUs that support it (fp16 on older ones) and none
+    on CPU; "bf16" everywhere; "32" none."""
+    if device.type == "cuda" and precision == "auto":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.autocast("cuda", dtype=dtype)
+    enabled = precision == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def use_tf32(enabled: bool) -> None:

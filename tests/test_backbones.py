@@ -20,7 +20,7 @@ from transformers import AutoModel
 
 from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.callbacks.kmeans import initial_centroids
-from lightning_sentemb.encoders.packed import PADDED, PADDING_FREE, set_attention
+from lightning_sentemb.encoders.packed import SENTEMB_ATTENTION, TokenLayout
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
@@ -200,14 +200,16 @@ def test_packed_forward_equals_padded_forward(name: str, backbone: str, request)
 
 
 def prefixed_for_test(model, prefix_len: int, padding_free: bool) -> tuple[PrefixedBackbone, torch.Tensor, ...]:
-    """A prefixed backbone with a random prefix (no dropout), packed or padded, and a padded batch."""
+    """A prefixed backbone with a random prefix (no dropout), a padded batch, and the batch's layout when
+    the forward runs packed (else None)."""
     prefixed = PrefixedBackbone(model, prefix_len, dropout=0.0).eval()
-    set_attention(model, PADDING_FREE if padding_free else PADDED)
+    assert model.config._attn_implementation == SENTEMB_ATTENTION
     torch.manual_seed(0)
     with torch.no_grad():
         prefixed.prefix_encoder.embedding.weight.normal_()
     input_ids = torch.tensor([[101, 2023, 2003, 1037, 7953, 102], [101, 4937, 102, 0, 0, 0]])
-    return prefixed, input_ids, (input_ids != 0).long()
+    mask = (input_ids != 0).long()
+    return prefixed, input_ids, mask, TokenLayout.from_mask(mask) if padding_free else None
 
 
 @pytest.mark.parametrize("padding_free", [False, True])
@@ -216,9 +218,9 @@ def test_distilbert_prefix_attention_equals_hand_written_attention(padding_free:
     keys and values [prefix; sentence], every prefix key visible, padding keys hidden."""
     model = AutoModel.from_pretrained(tiny_distilbert).eval()
     prefix_len = 3
-    prefixed, input_ids, mask = prefixed_for_test(model, prefix_len, padding_free)
+    prefixed, input_ids, mask, layout = prefixed_for_test(model, prefix_len, padding_free)
     with torch.no_grad():
-        ours = prefixed(input_ids, mask, output_hidden_states=True).hidden_states[1]
+        ours = prefixed(input_ids, mask, output_hidden_states=True, layout=layout).hidden_states[1]
         prefix_key, prefix_value = prefixed.prefix_encoder(2)[0]  # (batch, heads, prefix_len, head_dim)
         layer, heads = model.transformer.layer[0], model.config.n_heads
         head_dim = model.config.dim // heads
@@ -251,9 +253,9 @@ def test_decoder_prefix_attention_equals_hand_written_attention(backbone: str, p
     path = request.getfixturevalue(backbone)
     model = AutoModel.from_pretrained(path).eval()
     prefix_len = 3
-    prefixed, input_ids, mask = prefixed_for_test(model, prefix_len, padding_free)
+    prefixed, input_ids, mask, layout = prefixed_for_test(model, prefix_len, padding_free)
     with torch.no_grad():
-        ours = prefixed(input_ids, mask, output_hidden_states=True).hidden_states[1]
+        ours = prefixed(input_ids, mask, output_hidden_states=True, layout=layout).hidden_states[1]
         prefix_key, prefix_value = prefixed.prefix_encoder(2)[0]  # (batch, kv_heads, prefix_len, head_dim)
         layer, config = model.layers[0], model.config
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -312,7 +314,8 @@ def test_resume_is_bit_exact_on_a_decoder(method: str, tiny_qwen2, sts_fixture, 
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} is about {['cats', 'dogs', 'birds'][i % 3]} .\n" for i in range(20)))
-    monkeypatch.setitem(resume.METHODS, method, ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
+    monkeypatch.setitem(resume.METHODS, method,
+                        ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
 
     def args(root):
         return resume.run_args(method, tiny_qwen2, sts_fixture, corpus, root, 0)
@@ -361,7 +364,8 @@ def test_a_decoder_folder_is_evaluated_with_last_token_pooling_by_default(tiny_q
 
     method = load_method(tiny_qwen2)
     assert method.encoder.pooler == "last"
-    torch.testing.assert_close(method.encode(SENTENCES[:2]), load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))
+    last = load_method(tiny_qwen2, pooler="last")
+    torch.testing.assert_close(method.encode(SENTENCES[:2]), last.encode(SENTENCES[:2]))
 
 
 def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_refusal(tmp_path) -> None:

@@ -16,7 +16,7 @@ from lightning_sentemb.export import export
 from lightning_sentemb.loading import load_method
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss, energy_hinge_loss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
-from lightning_sentemb.losses.mlm import mlm_loss
+from lightning_sentemb.losses.mlm import mlm_loss, token_prediction_loss
 from lightning_sentemb.methods import DCPCSE, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.dcpcse import trainable_parameter_count
@@ -29,7 +29,8 @@ SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", 
 def examples(method: DCPCSE, rows: list[dict[str, str]]) -> list[dict[str, list[int]]]:
     """Tokenized training examples as the DataModule caches them."""
     tokenize = method.tokenizer
-    return [{column: tokenize(text, add_special_tokens=False)["input_ids"] for column, text in row.items()} for row in rows]
+    return [{column: tokenize(text, add_special_tokens=False)["input_ids"] for column, text in row.items()}
+            for row in rows]
 
 
 def unsupervised_batch(method: DCPCSE) -> dict:
@@ -65,7 +66,8 @@ def test_bert_base_trainable_parameters_from_config(capsys) -> None:
 @pytest.mark.parametrize("family", ["tiny_bert", "tiny_roberta"])
 @pytest.mark.parametrize("mlp,mlm,projection", [("train", False, False), ("none", True, False), ("always", True, True)])
 def test_parameter_count_formula_matches_the_module(family, mlp, mlm, projection, request) -> None:
-    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=5, mlp=mlp, mlm_weight=0.1 if mlm else 0.0,
+    method = build_method(DCPCSE, request.getfixturevalue(family), prefix_len=5, mlp=mlp,
+                          mlm_weight=0.1 if mlm else 0.0,
                     prefix_projection=projection, prefix_hidden_size=24)
     trainable = sum(p.numel() for p in method.parameters() if p.requires_grad)
     config = method.encoder.backbone.config
@@ -84,7 +86,8 @@ def test_backbone_frozen_in_train_mode_and_mlm_decoder_tied(family, request) -> 
     base_model = f"encoder.mlm_model.{encoder.mlm_model.base_model_prefix}."
     head = {name for name, _ in method.named_parameters() if name.startswith("encoder.mlm_model.")
             and not name.startswith(base_model)}  # the tied decoder weight is listed under the embeddings
-    prefix = {f"encoder.prefixed.prefix_encoder.{name}" for name, _ in encoder.prefixed.prefix_encoder.named_parameters()}
+    prefix = {f"encoder.prefixed.prefix_encoder.{name}"
+              for name, _ in encoder.prefixed.prefix_encoder.named_parameters()}
     assert head and trainable == prefix | head | {"mlp.0.weight", "mlp.0.bias"}
 
 
@@ -101,7 +104,9 @@ def test_zero_length_prefix_reproduces_the_plain_backbone(family, pooler, reques
     prefixed.encoder.mlm_model.load_state_dict(plain.encoder.mlm_model.state_dict())  # both heads are fresh
     prefixed.eval(), plain.eval()
     with torch.no_grad():
-        torch.testing.assert_close(prefixed.encoder.mlm_logits(**batch), plain.encoder.mlm_logits(**batch), rtol=0, atol=0)
+        every_position = torch.arange(batch["input_ids"].numel())
+        torch.testing.assert_close(prefixed.encoder.mlm_logits(**batch, layout=None, index=every_position),
+                                   plain.encoder.mlm_logits(**batch, layout=None, index=every_position), rtol=0, atol=0)
 
 
 def test_truncation_is_capped_by_the_shifted_positions(tiny_bert) -> None:
@@ -131,8 +136,40 @@ def test_gradients_reach_the_prefix_of_every_layer_from_both_losses(family, requ
     assert_every_layer_key_and_value_has_gradient()
     weight.grad = None
     mlm = batch["mlm"]  # the MLM forward alone: it goes through the prefix too
-    mlm_loss(method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"]), mlm["labels"]).backward()
+    token_prediction_loss(method.encoder, mlm, mlm["predicted"]).backward()
     assert_every_layer_key_and_value_has_gradient()
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("method_class", [SimCSE, DCPCSE])
+def test_mlm_head_on_the_predicted_rows_equals_every_position(method_class, padding_free, tiny_bert) -> None:
+    """The auxiliary MLM loss of `step_loss` runs the head on the masked tokens' states alone; its value and
+    gradients equal the full-vocabulary logits at every position scored as before (float64, 1e-6)."""
+    options = {} if method_class is SimCSE else {"prefix_len": 2}
+    method = build_method(method_class, tiny_bert, mlm_weight=0.1, mlp="none", dropout=0.0,
+                          attn_implementation=None if padding_free else "padded", **options).double()
+    assert method.encoder.padding_free == padding_free
+    batch = unsupervised_batch(method)
+    mlm, predicted = batch["mlm"], batch["mlm"]["predicted"]
+    head_rows = []
+    method.encoder.mlm_model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: head_rows.append(args[0].shape[0]))
+    mlm_only = method.step_loss(batch)[1]["mlm_loss"]
+    assert head_rows == [predicted.count] and 0 < predicted.count < mlm["attention_mask"].sum() / 3
+    trainable = [p for p in method.parameters() if p.requires_grad]
+    got = torch.autograd.grad(mlm_only, trainable, allow_unused=True)
+    labels = torch.full((mlm["input_ids"].numel(),), -100)
+    labels[predicted.index] = predicted.labels
+    every_position = torch.arange(mlm["input_ids"].numel())
+    logits = method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"], mlm["layout"], every_position)
+    expected = mlm_loss(logits, labels)
+    want = torch.autograd.grad(expected, trainable, allow_unused=True)
+    torch.testing.assert_close(mlm_only, expected, rtol=1e-6, atol=1e-6)
+    assert sum(g is not None for g in got) > 2
+    for a, b in zip(got, want, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_gradients_reach_the_reparameterized_prefix(tiny_bert) -> None:
@@ -148,7 +185,8 @@ def test_mlm_weight_schedule_by_hand(tiny_bert, monkeypatch) -> None:
     expected = {0: 0.1, 50: 0.1 * math.sqrt(0.95), 100: 0.095, 200: 0.09025, 1000: 0.05987369392383789}
     for step, weight in expected.items():
         assert method.mlm_weight_at(step) == pytest.approx(weight, rel=1e-12), step
-    assert build_method(DCPCSE, tiny_bert, mlm_weight=0.2, mlm_decay_rate=0.5, mlm_decay_steps=10).mlm_weight_at(20) == pytest.approx(0.05)
+    decaying = build_method(DCPCSE, tiny_bert, mlm_weight=0.2, mlm_decay_rate=0.5, mlm_decay_steps=10)
+    assert decaying.mlm_weight_at(20) == pytest.approx(0.05)
     assert build_method(DCPCSE, tiny_bert).mlm_weight_at(500) == 0.0  # MLM off by default (paper: BERT)
 
     # training_step weighs the MLM loss with the weight at the current global step
@@ -159,7 +197,7 @@ def test_mlm_weight_schedule_by_hand(tiny_bert, monkeypatch) -> None:
         total = method.training_step(batch, 0)
         contrastive, _ = method.training_loss(batch)
         mlm = batch["mlm"]
-        auxiliary = mlm_loss(method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"]), mlm["labels"])
+        auxiliary = token_prediction_loss(method.encoder, mlm, mlm["predicted"])
     torch.testing.assert_close(total, contrastive + 0.09025 * auxiliary)
 
 
@@ -212,7 +250,8 @@ class BackboneModeProbe(Callback):
 
 
 def short_fit(method: DCPCSE, corpus: Path, root: Path, max_steps: int = 3, ckpt_path: str | None = None) -> Trainer:
-    data = SentEmbDataModule(train_file=str(corpus), batch_size=8, cache_dir=str(root / "cache"), val_tasks=[], test_tasks=[])
+    data = SentEmbDataModule(train_file=str(corpus), batch_size=8, cache_dir=str(root / "cache"), val_tasks=[],
+                             test_tasks=[])
     trainer = Trainer(max_steps=max_steps, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
                       callbacks=[BackboneModeProbe()], default_root_dir=str(root))
@@ -291,7 +330,8 @@ def test_sentemb_export_of_a_checkpoint_round_trips(fitted, tmp_path) -> None:
      ("tiny_roberta", "avg", "none", False), ("tiny_roberta", "avg_first_last", "none", False),
      ("tiny_bert", "avg_top2", "none", False)],
 )
-def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(family, pooler, mlp, projection, request, tmp_path) -> None:
+def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(family, pooler, mlp, projection, request,
+                                                                              tmp_path) -> None:
     from sentence_transformers import SentenceTransformer
 
     torch.manual_seed(0)
@@ -299,7 +339,8 @@ def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(fa
                     prefix_projection=projection, prefix_hidden_size=16)
     for p in method.encoder.prefixed.prefix_encoder.parameters():
         torch.nn.init.normal_(p, std=0.5)  # a prefix that visibly changes the embeddings
-    assert not torch.allclose(method.encode(SENTENCES), build_method(SimCSE, method.hparams.backbone, pooler=pooler, mlp=mlp).encode(SENTENCES))
+    plain = build_method(SimCSE, method.hparams.backbone, pooler=pooler, mlp=mlp)
+    assert not torch.allclose(method.encode(SENTENCES), plain.encode(SENTENCES))
     folder = export(method, tmp_path / "export")
 
     weights = [f for f in folder.rglob("*.safetensors")]
@@ -315,7 +356,8 @@ def test_export_holds_prefix_and_backbone_reference_and_reproduces_embeddings(fa
 # ----- supervised and the CLI ---------------------------------------------------------------------
 def test_supervised_fit_with_nli_triplets_and_energy_hinge(tiny_bert, sts_fixture, tmp_path) -> None:
     nli = tmp_path / "nli.csv"
-    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"a man {i} runs,a person {i} moves,nobody {i} sits\n" for i in range(32)))
+    nli.write_text("sent0,sent1,hard_neg\n"
+                   + "".join(f"a man {i} runs,a person {i} moves,nobody {i} sits\n" for i in range(32)))
     main(["fit", "--model", "lightning_sentemb.methods.DCPCSE", "--model.backbone", tiny_bert,
           "--model.prefix_len", "3", "--model.mlp", "always", "--model.hinge_weight", "10",
           "--data.train_file", str(nli), "--data.data_dir", str(sts_fixture), "--data.batch_size", "8",

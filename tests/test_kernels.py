@@ -20,7 +20,7 @@ from transformers import AutoModel
 from lightning_sentemb.encoders import kernels
 from lightning_sentemb.encoders.kernels import TorchFeatures, choose_kernel, features_of
 from lightning_sentemb.encoders.layout import TokenLayout
-from lightning_sentemb.encoders.packed import PADDING_FREE, packed_forward, set_attention
+from lightning_sentemb.encoders.packed import SENTEMB_ATTENTION, packed_forward, set_attention
 from lightning_sentemb.methods import SimCSE
 from lightning_sentemb.methods.building import build_method
 
@@ -112,7 +112,7 @@ def packed_and_padded(path: str, kernel: str, autocast: bool = False) -> tuple[t
     """Last hidden states of the packed forward (`kernel`) and of a plain SDPA copy, and the real-token mask."""
     model = AutoModel.from_pretrained(path).eval()
     plain = copy.deepcopy(model)
-    set_attention(model, PADDING_FREE)
+    set_attention(model, SENTEMB_ATTENTION)
     ids, mask = right_padded_batch(model.config.vocab_size)
     positions = torch.arange(7).expand(3, 7)
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
@@ -154,7 +154,7 @@ def test_forced_varlen_with_attention_dropout_calls_the_flash_op_with_it(family,
     path = request.getfixturevalue(family)
     model = AutoModel.from_pretrained(path, **dropout).train()
     plain = AutoModel.from_pretrained(path, attn_implementation="sdpa", **dropout).eval()
-    set_attention(model, PADDING_FREE)
+    set_attention(model, SENTEMB_ATTENTION)
     ids, mask = right_padded_batch(model.config.vocab_size)
     positions = torch.arange(7).expand(3, 7)
     layout = TokenLayout.from_mask(mask)
@@ -223,18 +223,34 @@ def test_the_backbone_called_directly_is_a_plain_hugging_face_model(family, requ
         ours = method.encoder.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
         theirs = plain(input_ids=ids, attention_mask=mask).last_hidden_state
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
-    assert method.encoder.backbone.config._attn_implementation == PADDING_FREE
+    assert method.encoder.backbone.config._attn_implementation == SENTEMB_ATTENTION
 
 
-def test_the_packed_forward_builds_no_token_by_token_mask(tiny_qwen2, monkeypatch) -> None:
-    """transformers' mask creation returns None for the packed row: no mask function runs at all."""
+@pytest.mark.parametrize("family", ["tiny_qwen2", "tiny_bert", "tiny_gemma2"])
+def test_the_packed_forward_builds_no_mask_and_keeps_the_config(family, request, monkeypatch) -> None:
+    """transformers builds no mask for the packed row, under any registered name (causal, bidirectional and
+    sliding-window masks alike), nor searches its position ids for packed sequences (a read-back); the
+    backbone's attention implementation is ours throughout the call, never switched."""
     import transformers.masking_utils as masking
 
     def refuse(*args, **kwargs):
         raise AssertionError("a mask was built on the packed path")
 
-    monkeypatch.setitem(masking.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, PADDING_FREE, refuse)
-    packed_and_padded(tiny_qwen2, "aligned")
+    seen = []
+    model = AutoModel.from_pretrained(request.getfixturevalue(family)).eval()
+    set_attention(model, SENTEMB_ATTENTION)
+    model.get_input_embeddings().register_forward_hook(lambda *_: seen.append(model.config._attn_implementation))
+    mapping = masking.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    assert SENTEMB_ATTENTION in mapping and "sdpa" in mapping
+    for name in list(mapping):
+        monkeypatch.setitem(mapping, name, refuse)
+    monkeypatch.setattr(masking, "find_packed_sequence_indices", refuse)
+    ids, mask = right_padded_batch(model.config.vocab_size)
+    with torch.no_grad():
+        packed_forward(model, TokenLayout.from_mask(mask), ids, position_ids=torch.arange(7).expand(3, 7))
+    assert seen == [SENTEMB_ATTENTION] and model.config._attn_implementation == SENTEMB_ATTENTION
+    with pytest.raises(AssertionError, match="a mask was built"):  # the test can fail: a padded call builds one
+        model(input_ids=ids, attention_mask=mask)
 
 
 @pytest.mark.slow  # ~30 s: dynamo traces the layers twice

@@ -13,6 +13,7 @@ from lightning_sentemb.backbones import family_of
 from lightning_sentemb.encoders.template import TemplateEncoder, TemplateFormat
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
+from lightning_sentemb.methods import DCPCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.promptbert import BERT_TEMPLATES, ROBERTA_TEMPLATES, PromptBERT, default_templates
 
@@ -133,7 +134,7 @@ def test_bias_rows_keep_the_full_rows_positions(name: str, request) -> None:
     templates = [0, 1, 1]
     features = fmt.build(ids, None, templates=templates, denoise=True)
     n = len(ids)
-    for i, (sentence, which) in enumerate(zip(ids, templates)):
+    for i, (sentence, which) in enumerate(zip(ids, templates, strict=True)):
         start = len(fmt.templates[which].prefix)
         keep = [p for p in range(int(features["attention_mask"][i].sum())) if not start <= p < start + len(sentence)]
         bias = n + int(features["bias_index"][i])
@@ -251,10 +252,42 @@ def test_export_reproduces_encode(fixture: str, denoise_test: bool, mlp: str, tm
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("method_class, options", [(PromptBERT, {"mlp": "always"}),
+                                                    (DCPCSE, {"prefix_len": 4, "pooler": "avg", "mlp": "always"})])
+def test_export_encodes_in_its_methods_eval_precision(method_class, options: dict, tiny_bert: str,
+                                                       tmp_path: Path) -> None:
+    """A template or prefix export saves the method's `eval_precision`: sentence-transformers runs its
+    backbone under that autocast, and `load_embedder` (`sentemb evaluate`, MTEB) encodes it exactly as the
+    checkpoint's `encode` does, in the precision asked for. On CPU: bf16 ("auto" is fp32 there)."""
+    from lightning_sentemb.loading import load_embedder
+
+    torch.manual_seed(0)
+    method = build_method(method_class, tiny_bert, eval_precision="bf16", **options)
+    bf16 = method.encode(SENTENCES)
+    method.hparams.eval_precision = "32"
+    fp32 = method.encode(SENTENCES)
+    method.hparams.eval_precision = "bf16"
+    assert not torch.allclose(bf16, fp32, rtol=0, atol=1e-3)
+    folder = export(method, tmp_path / "export")
+    for precision, expected in (("bf16", bf16), ("32", fp32)):
+        got = load_embedder(str(folder), eval_precision=precision).encode(SENTENCES)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-6, msg=precision)
+    model = sentence_transformer(folder)
+    module = model[0]
+    assert module.eval_precision == "bf16"
+    backbone = module.prefixed.backbone if method_class is DCPCSE else module.encoder.backbone
+    autocast = []
+    backbone.register_forward_pre_hook(lambda *_: autocast.append(torch.is_autocast_enabled("cpu")
+                                                                  and torch.get_autocast_dtype("cpu")))
+    model.encode(SENTENCES)
+    assert set(autocast) == {torch.bfloat16}
+
+
 def cli_args(command: str, config: str, root: Path, data: Path, options: str) -> list[str]:
     """`sentemb COMMAND -c experiments/demo/CONFIG` in `root` on `data`, plus whitespace-separated options."""
     demo = str(REPO / "experiments" / "demo" / config)
-    return [command, "-c", demo, "--trainer.default_root_dir", str(root), "--data.data_dir", str(data), *options.split()]
+    return [command, "-c", demo, "--trainer.default_root_dir", str(root), "--data.data_dir", str(data),
+            *options.split()]
 
 
 def check_demo_fit(config: str, tmp_path: Path, data: Path) -> None:
@@ -266,10 +299,12 @@ def check_demo_fit(config: str, tmp_path: Path, data: Path) -> None:
 
     root = tmp_path / "run"
     fit = "--trainer.max_steps 3 --trainer.val_check_interval 3 --trainer.limit_val_batches 2"
-    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.batch_size 16 --data.eval_batch_size 64 --trainer.precision 32-true --data.cache_dir {root / 'cache'}"))
+    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.batch_size 16 "
+                  f"--data.eval_batch_size 64 --trainer.precision 32-true --data.cache_dir {root / 'cache'}"))
     checkpoint = root / "checkpoints" / "best.ckpt"
     assert checkpoint.exists()
-    test = f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2 --data.eval_batch_size 64 --trainer.precision 32-true"
+    test = (f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2 "
+            "--data.eval_batch_size 64 --trainer.precision 32-true")
     main(cli_args("test", config, root, data, test))
     method = load_method(str(checkpoint))
     expected = method.encode(SENTENCES)

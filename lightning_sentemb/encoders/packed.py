@@ -6,19 +6,23 @@ as one row (`(1, tokens)`), positions restarting at each sentence, and the sente
 keyword argument (`sentemb_packing`) that transformers passes down to the attention function. Every
 module of the model — embeddings, norms, projections, MLPs, LoRA wrappers, dropout — runs as it
 always does, on real tokens only; attention alone needs to know where sentences start, and runs
-through `sentemb_attention`, registered with transformers' attention interface under three names:
+through `sentemb_attention`, registered with transformers' attention interface once, as
+`SENTEMB_ATTENTION`, with SDPA's mask function:
 
-- `PADDING_FREE` (with SDPA's mask function): a padding-free backbone at rest. Called directly
-  (`backbone(input_ids=..., attention_mask=...)`) it is a plain Hugging Face model on SDPA;
-- `PACKED` (attention functions only), switched on by `packed_forward` for its call alone:
-  transformers builds no mask for it (its mask creation skips implementations it has no mask function
-  for), so no (tokens × tokens) mask and no read-back;
-- `PADDED` (with SDPA's mask function): the padded forward with SDPA, plus DCPCSE's prefix.
+- on a padded batch (a padding-free backbone called directly, the padded forward of a bidirectional
+  decoder or of DCPCSE's prefix) it is transformers' SDPA, with the prefix joined and causality off
+  where asked;
+- on the packed row it runs the kernels of `encoders.kernels`. `packed_forward` passes transformers a
+  prepared 4D attention mask (`no_mask`, one element), which its mask creation hands on as it is: no
+  (tokens × tokens) mask is built and the position ids are not searched for packed sequences (a
+  read-back). The backbone's configuration is set once (`set_attention`) and never changes per call,
+  so compiled layers see one implementation and nothing that shares the config sees a switch.
 
-Any model whose attention goes through the interface (`_supports_attention_backend`) and that takes
-`position_ids` runs packed; nothing here knows an architecture. The kernels and their choice live in
-`encoders.kernels`; `TokenLayout` (where the real tokens sit, built on the CPU next to the padded
-batch, so the forward never asks the device how many tokens there are) in `encoders.layout`.
+Whether an encoder runs packed is its own switch (`Encoder.padding_free`), not the backbone's attention
+implementation. Any model whose attention goes through the interface (`_supports_attention_backend`)
+and that takes `position_ids` runs packed; nothing here knows an architecture. The kernels and their
+choice live in `encoders.kernels`; `TokenLayout` (where the real tokens sit, built on the CPU next to the
+padded batch, so the forward never asks the device how many tokens there are) in `encoders.layout`.
 Under autocast, query, key and value reach every kernel in the autocast dtype (rotary embeddings
 hand over fp32 queries and keys). Padding positions of the returned states are zeros (transformers
 leaves junk there); poolers mask them.
@@ -26,8 +30,6 @@ leaves junk there); poolers mask them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,12 +43,10 @@ from transformers.modeling_outputs import BaseModelOutput
 from .kernels import Kernel, Packing, join_prefix, math_attention, run_kernel
 from .layout import TokenLayout, layout_of
 
-__all__ = ["PACKED", "PADDED", "PADDING_FREE", "Kernel", "LayerPrefixes", "Packing", "TokenLayout", "is_packed",
-           "layout_of", "packed_forward", "sentemb_attention", "set_attention"]
+__all__ = ["SENTEMB_ATTENTION", "Kernel", "LayerPrefixes", "Packing", "TokenLayout", "layout_of", "packed_forward",
+           "sentemb_attention", "set_attention"]
 
-PACKED = "sentemb_packed"
-PADDED = "sentemb_padded"
-PADDING_FREE = "sentemb_padding_free"
+SENTEMB_ATTENTION = "sentemb"
 
 
 @dataclass
@@ -127,11 +127,8 @@ def padded_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
                                   **kwargs)
 
 
-AttentionInterface.register(PACKED, sentemb_attention)
-AttentionInterface.register(PADDED, sentemb_attention)
-AttentionInterface.register(PADDING_FREE, sentemb_attention)
-AttentionMaskInterface.register(PADDED, sdpa_mask)
-AttentionMaskInterface.register(PADDING_FREE, sdpa_mask)
+AttentionInterface.register(SENTEMB_ATTENTION, sentemb_attention)
+AttentionMaskInterface.register(SENTEMB_ATTENTION, sdpa_mask)
 
 
 def set_attention(backbone: PreTrainedModel, implementation: str) -> None:
@@ -140,22 +137,11 @@ def set_attention(backbone: PreTrainedModel, implementation: str) -> None:
         backbone.set_attn_implementation(implementation)
 
 
-def is_packed(backbone: PreTrainedModel) -> bool:
-    """Whether the backbone is set up for the packed forward (`set_attention(backbone, PADDING_FREE)`)."""
-    return backbone.config._attn_implementation in (PADDING_FREE, PACKED)
-
-
-@contextmanager
-def packed_call(backbone: PreTrainedModel) -> Iterator[None]:
-    """The backbone on `PACKED` for one call: no attention mask is built for the packed row."""
-    if backbone.config._attn_implementation != PADDING_FREE:
-        raise RuntimeError(f"{type(backbone).__name__} is not set up for the packed forward (attention "
-                           f"{backbone.config._attn_implementation!r}): set_attention(backbone, PADDING_FREE)")
-    backbone.config._attn_implementation = PACKED
-    try:
-        yield
-    finally:
-        backbone.config._attn_implementation = PADDING_FREE
+def no_mask(device: torch.device) -> Tensor:
+    """A prepared 4D attention mask of one element on `device`, which transformers' mask creation
+    returns as it is (a 4D mask counts as prepared), so it builds none for the packed row; the packed path
+    of `sentemb_attention` never reads it."""
+    return torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)
 
 
 def packed_forward(
@@ -177,10 +163,14 @@ def packed_forward(
         raise ValueError("give exactly one of input_ids and inputs_embeds")
     tokens = {"input_ids": layout.pack(input_ids)[None]} if inputs_embeds is None else \
         {"inputs_embeds": layout.pack(inputs_embeds)[None]}
+    if backbone.config._attn_implementation != SENTEMB_ATTENTION:
+        raise RuntimeError(f"{type(backbone).__name__} is not set up for the packed forward (attention "
+                           f"{backbone.config._attn_implementation!r}): set_attention(backbone, SENTEMB_ATTENTION)")
     packing = Packing(layout, kernel)
-    with packed_call(backbone):
-        outputs = backbone(**tokens, position_ids=layout.pack(position_ids)[None], use_cache=False,
-                           output_hidden_states=output_hidden_states, sentemb_packing=packing, sentemb_prefix=prefix)
+    row = next(iter(tokens.values()))
+    outputs = backbone(**tokens, attention_mask=no_mask(row.device), position_ids=layout.pack(position_ids)[None],
+                       use_cache=False, output_hidden_states=output_hidden_states, sentemb_packing=packing,
+                       sentemb_prefix=prefix)
     if not packing.attended:
         raise RuntimeError(f"{type(backbone).__name__} computed attention without the attention interface (a config "
                            "option that bypasses it?); set model.init_args.padding_free false")

@@ -26,7 +26,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ..backbones import UnsupportedBackbone, family_of
 from ..errors import SentEmbUserError
-from .packed import PADDED, PADDING_FREE, TokenLayout, is_packed, layout_of, packed_forward, set_attention
+from .packed import SENTEMB_ATTENTION, TokenLayout, layout_of, packed_forward, set_attention
 from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
 # attention kernel of the padded forward) for
 # the encoders built in `backbone_loading`: `SentEmbMethod` sets them once around `build_encoder`, so no
 # method passes them on.
-_BACKBONE_OPTIONS: ContextVar[dict[str, Any]] = ContextVar("backbone_options", default={})
+_BACKBONE_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("backbone_options", default=None)
 _DEFER_WEIGHTS: ContextVar[bool] = ContextVar("defer_weights", default=False)
 # what `from_pretrained` takes beyond the config's own fields (which it sets on the config)
 _LOADING_OPTIONS = ("dtype", "quantization_config", "device_map", "attn_implementation")
@@ -185,7 +185,8 @@ class Encoder(nn.Module):
     With `with_mlm_head` the backbone is loaded through AutoModelForMaskedLM so the checkpoint's
     MLM head is used when it has one; a checkpoint without one (e.g. all-MiniLM-L6-v2) gets a fresh
     head whose decoder is tied to the word embeddings. With `with_lm_head`, a decoder's causal-LM head
-    (AutoModelForCausalLM; MNTP), served by the same `mlm_logits`. The backbone's weights load with the options of
+    (AutoModelForCausalLM; MNTP), served by the same `mlm_logits`: frozen when untied, trained with the
+    input embeddings it is when tied. The backbone's weights load with the options of
     the enclosing `backbone_loading` (dtype, 4-bit, dropout probabilities), the tokenizer without; when it
     defers them, `load_backbone` loads them later (`SentEmbMethod.configure_model`).
 
@@ -201,6 +202,8 @@ class Encoder(nn.Module):
     reads_echo: bool = False
     # a decoder's causal masking off (`set_bidirectional`)
     bidirectional: bool = False
+    # the packed forward on (`set_padding_free`), else the padded one
+    padding_free: bool = False
 
     def __init__(
         self,
@@ -212,7 +215,8 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         if pooler not in POOLERS:
-            raise SentEmbUserError(f"model.init_args.pooler: unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
+            raise SentEmbUserError(f"model.init_args.pooler: unknown pooler {pooler!r}; choose one of "
+                                   f"{', '.join(POOLERS)}")
         if pooler == "mask" and not self.reads_templates:
             raise SentEmbUserError("model.init_args.pooler: 'mask' reads a template's mask token; plain-input methods "
                                    f"pool with one of {', '.join(p for p in POOLERS if p != 'mask')}")
@@ -230,7 +234,7 @@ class Encoder(nn.Module):
         self.tokenizer = load_pretrained(AutoTokenizer, backbone)
         family.prepare_tokenizer(self.tokenizer)
         self.auto_class = AutoModelForMaskedLM if with_mlm_head else AutoModelForCausalLM if with_lm_head else AutoModel
-        options = _BACKBONE_OPTIONS.get()
+        options = _BACKBONE_OPTIONS.get() or {}
         if _DEFER_WEIGHTS.get():
             self.set_backbone(backbone_skeleton(self.auto_class, backbone, options))
         else:
@@ -249,8 +253,9 @@ class Encoder(nn.Module):
         """Take `model` (an `auto_class` model: with the MLM head when there is one) as the backbone."""
         self.mlm_model = model if self.auto_class is not AutoModel else None
         self.backbone = model.base_model if self.mlm_model is not None else model
-        if self.auto_class is AutoModelForCausalLM:  # next-token prediction reads the head as pretrained
-            model.get_output_embeddings().requires_grad_(False)
+        head = model.get_output_embeddings() if self.auto_class is AutoModelForCausalLM else None
+        if head is not None and head.weight is not model.get_input_embeddings().weight:
+            head.requires_grad_(False)  # next-token prediction reads an untied head as pretrained (methods.mntp)
         # from_pretrained returns eval mode; Lightning keeps module modes, and dropout is
         # SimCSE's augmentation, so start in train mode like a freshly built module.
         self.train()
@@ -261,8 +266,8 @@ class Encoder(nn.Module):
     def set_bidirectional(self) -> None:
         """Every token of a decoder sees the whole sentence (LLM2Vec): `config.is_causal = False`, transformers'
         switch, which its padded masks honour, and our attention function too (`encoders.packed`: no causal
-        masking, no sliding window, in every kernel). The padded forward then runs through ours (`PADDED`),
-        since transformers' SDPA would mask causally a batch without padding."""
+        masking, no sliding window, in every kernel). The padded forward then runs through ours
+        (`SENTEMB_ATTENTION`), since transformers' SDPA would mask causally a batch without padding."""
         refusal = self.family.bidirectional_refusal(self.backbone)
         if refusal is None and self.attn_implementation is not None:
             refusal = (f"attn_implementation {self.attn_implementation!r} is transformers' own kernel; bidirectional "
@@ -271,7 +276,7 @@ class Encoder(nn.Module):
             raise UnsupportedBackbone(f"bidirectional: {refusal}")
         self.bidirectional = True
         self.backbone.config.is_causal = False
-        self.padded_attention = PADDED
+        self.padded_attention = SENTEMB_ATTENTION
         self.set_padding_free(self.padding_free)
 
     @property
@@ -296,12 +301,11 @@ class Encoder(nn.Module):
     def max_length(self) -> int:
         return min(self.tokenizer.model_max_length, self.family.max_positions)
 
-    @property
-    def padding_free(self) -> bool:
-        return is_packed(self.backbone)
-
     def set_padding_free(self, padding_free: bool) -> None:
-        set_attention(self.backbone, PADDING_FREE if padding_free else self.padded_attention)
+        """The packed forward (`encoders.packed`: our attention function, set once) or the padded one (with
+        `padded_attention`) from the next call on."""
+        self.padding_free = padding_free
+        set_attention(self.backbone, SENTEMB_ATTENTION if padding_free else self.padded_attention)
 
     def configure_speed(self, padding_free: bool, compile_layers: bool) -> None:
         """Padding-free forward where the backbone supports it and no `attn_implementation` was asked for
@@ -365,11 +369,18 @@ class Encoder(nn.Module):
         without `combine_keys` gives the row states, so they can be computed in chunks."""
         return row_states
 
-    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
-        """MLM logits: the backbone's forward (packed with the batch's `layout` when switched on), then the
-        masked-LM model's head."""
+    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None,
+                   index: Tensor) -> Tensor:
+        """(len(index), vocab) logits of the MLM (or causal-LM) head at the flat positions `index` of the
+        (batch · width) final states (`losses.mlm.PredictedTokens`): the head runs on the rows a loss reads,
+        never on the full vocabulary at every position."""
         if self.mlm_model is None:
             raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
+        hidden = self.mlm_hidden_states(input_ids, attention_mask, layout)
+        return self.family.mlm_logits(self.mlm_model, hidden.flatten(0, 1).index_select(0, index))
+
+    def mlm_hidden_states(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None) -> Tensor:
+        """(batch, width, hidden) final states the MLM head reads: the backbone's forward (packed with the
+        batch's `layout` when switched on); formats that inject a prefix override this."""
         features = {"attention_mask": attention_mask, "layout": layout}
-        hidden = self.call_backbone(features, input_ids=input_ids, output_hidden_states=False).last_hidden_state
-        return self.family.mlm_logits(self.mlm_model, hidden)
+        return self.call_backbone(features, input_ids=input_ids, output_hidden_states=False).last_hidden_state

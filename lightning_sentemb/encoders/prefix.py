@@ -24,7 +24,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from ..backbones import family_of
-from .packed import PADDED, Kernel, LayerPrefixes, TokenLayout, is_packed, packed_forward, set_attention
+from .packed import SENTEMB_ATTENTION, Kernel, LayerPrefixes, TokenLayout, packed_forward, set_attention
 
 __all__ = ["PrefixEncoder", "PrefixedBackbone", "prefix_parameter_count"]
 
@@ -156,10 +156,10 @@ class PrefixedBackbone(nn.Module):
         self.backbone.requires_grad_(False)
         self.prefix_len = prefix_len
         self.position_offset = position_offset
-        if not is_packed(backbone):
-            set_attention(backbone, PADDED)
+        set_attention(backbone, SENTEMB_ATTENTION)  # the prefix joins the keys in our attention function
         self.layer_of: dict[nn.Module, int] = {}  # attention module -> layer (`LayerPrefixes`)
-        self.prefix_encoder = PrefixEncoder.from_config(backbone.config, prefix_len, projection, projection_hidden_size, dropout)
+        self.prefix_encoder = PrefixEncoder.from_config(backbone.config, prefix_len, projection, projection_hidden_size,
+                                                        dropout)
 
     @property
     def max_sentence_length(self) -> int:
@@ -175,8 +175,8 @@ class PrefixedBackbone(nn.Module):
         layout: TokenLayout | None = None,
         kernel: Kernel = "auto",
     ) -> BaseModelOutput:
-        """Run the backbone with the prefix; packed (with the batch's ``layout``, else one built from the
-        mask, and the attention ``kernel``) when the backbone is set up for it."""
+        """Run the backbone with the prefix: packed with the batch's ``layout`` (and the attention ``kernel``)
+        when given, else on the padded batch."""
         batch_size, seq_len = input_ids.shape
         if seq_len > self.max_sentence_length:
             raise ValueError(
@@ -188,10 +188,9 @@ class PrefixedBackbone(nn.Module):
         prefix = LayerPrefixes(self.prefix_encoder(batch_size), self.layer_of)
         past = self.prefix_len if self.position_offset == "shifted" else 0
         position_ids = self.family.position_ids(input_ids, attention_mask, past)
-        if is_packed(self.backbone):
-            layout = TokenLayout.from_mask(attention_mask) if layout is None else layout.to(input_ids.device)
-            return packed_forward(self.backbone, layout, input_ids, position_ids=position_ids, prefix=prefix,
-                                  output_hidden_states=output_hidden_states, kernel=kernel)
+        if layout is not None:
+            return packed_forward(self.backbone, layout.to(input_ids.device), input_ids, position_ids=position_ids,
+                                  prefix=prefix, output_hidden_states=output_hidden_states, kernel=kernel)
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              output_hidden_states=output_hidden_states, use_cache=False, sentemb_prefix=prefix)
 

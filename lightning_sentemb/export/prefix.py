@@ -41,13 +41,15 @@ class PrefixedTransformer(SentEmbSTModule):
         prefix_len, projection, projection_hidden_size, position_offset: as in `PrefixedBackbone`.
         max_seq_length: truncation in tokens, special tokens included.
         output_hidden_states: also return every layer (for WeightedLayerPooling).
+        eval_precision: the method's, the autocast of the forward (`SentEmbSTModule`); its outputs are fp32,
+            so the pooling modules after it run as they would without.
     """
 
     config_file_name = "prefix_config.json"
     weights_file_name = "prefix_encoder.safetensors"
     config_keys: ClassVar[list[str]] = [
         "backbone", "prefix_len", "projection", "projection_hidden_size", "position_offset", "max_seq_length",
-        "output_hidden_states",
+        "output_hidden_states", "eval_precision",
     ]
 
     def __init__(
@@ -59,8 +61,10 @@ class PrefixedTransformer(SentEmbSTModule):
         projection_hidden_size: int = 512,
         position_offset: PositionOffset = "shifted",
         output_hidden_states: bool = False,
+        eval_precision: str = "auto",
     ) -> None:
         super().__init__()
+        self.eval_precision = eval_precision
         self.backbone = backbone
         self.prefix_len = prefix_len
         self.max_seq_length = max_seq_length
@@ -80,12 +84,13 @@ class PrefixedTransformer(SentEmbSTModule):
         return self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length, return_tensors="pt")
 
     def forward(self, features: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        outputs = self.prefixed(
-            features["input_ids"], features["attention_mask"], output_hidden_states=self.output_hidden_states
-        )
-        features["token_embeddings"] = outputs.last_hidden_state
+        with self.autocast(features):
+            outputs = self.prefixed(
+                features["input_ids"], features["attention_mask"], output_hidden_states=self.output_hidden_states
+            )
+        features["token_embeddings"] = outputs.last_hidden_state.float()
         if self.output_hidden_states:
-            features["all_layer_embeddings"] = outputs.hidden_states
+            features["all_layer_embeddings"] = tuple(states.float() for states in outputs.hidden_states)
         return features
 
     def get_embedding_dimension(self) -> int:
@@ -128,6 +133,7 @@ def write_prefix_export(method: ExportableMethod, folder: Path, adapter_only: bo
         "position_offset": hp.position_offset,
         "max_seq_length": method.eval_length,
         "output_hidden_states": hp.pooler in LAYER_POOLERS,
+        "eval_precision": hp.eval_precision,
     }
     PrefixedTransformer.write_files(folder, config, prefix_weights(method.encoder.prefixed))
     write_pooling_modules(method, folder, [PrefixedTransformer.modules_entry()])

@@ -14,10 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
 from safetensors.torch import load_file, save_file
 from sentence_transformers.base.modules.input_module import InputModule
 from torch import Tensor
 
+from ..precision import autocast_for
 from .plain import write_json
 
 if TYPE_CHECKING:
@@ -33,6 +35,13 @@ class SentEmbSTModule(InputModule):
 
     save_in_root = True
     weights_file_name: ClassVar[str]
+    # the exported method's `eval_precision`, saved with the config: `forward`'s autocast (`autocast`), so the
+    # export encodes as the method's `encode` does (`loading.load_embedder` sets the one asked for instead)
+    eval_precision: str = "auto"
+
+    def autocast(self, features: dict[str, Tensor]) -> torch.autocast:
+        """`eval_precision`'s autocast on the inputs' device (`precision.autocast_for`, as `encode`'s)."""
+        return autocast_for(features["input_ids"].device, self.eval_precision)
 
     @classmethod
     def from_config(cls, config: dict[str, Any], folder: str) -> Self:

@@ -34,14 +34,15 @@ class TemplateSentenceEncoder(SentEmbSTModule):
 
     config_file_name = "sentemb_template_config.json"
     weights_file_name = "sentemb_template.safetensors"
-    config_keys: ClassVar[list[str]] = ["template", "denoise", "max_seq_length", "mlp"]
+    config_keys: ClassVar[list[str]] = ["template", "denoise", "max_seq_length", "mlp", "eval_precision"]
 
     def __init__(
         self, encoder: TemplateEncoder, denoise: bool, max_seq_length: int, mlp: nn.Module | None = None,
-        adapter_only: bool = False,
+        adapter_only: bool = False, eval_precision: str = "auto",
     ) -> None:
         super().__init__()
         self.adapter_only = adapter_only
+        self.eval_precision = eval_precision
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
         self.template = encoder.format.templates[0].text
@@ -60,8 +61,10 @@ class TemplateSentenceEncoder(SentEmbSTModule):
         return fmt.build(fmt.sentence_ids(inputs), self.max_seq_length, denoise=self.denoise)
 
     def forward(self, features: dict[str, Tensor], **kwargs: Any) -> dict[str, Tensor]:
-        embeddings = self.encoder(features)
-        features["sentence_embedding"] = self.mlp_layer(embeddings) if self.mlp_layer is not None else embeddings
+        with self.autocast(features):
+            embeddings = self.encoder(features)
+            embeddings = self.mlp_layer(embeddings) if self.mlp_layer is not None else embeddings
+        features["sentence_embedding"] = embeddings.float()
         return features
 
     def get_sentence_embedding_dimension(self) -> int:
@@ -86,12 +89,13 @@ class TemplateSentenceEncoder(SentEmbSTModule):
     def from_config(cls, config: dict[str, Any], folder: str) -> TemplateSentenceEncoder:
         encoder = TemplateEncoder(folder, [config["template"]])
         mlp = nn.Sequential(nn.Linear(encoder.hidden_size, encoder.hidden_size), nn.Tanh()) if config["mlp"] else None
-        return cls(encoder, config["denoise"], config["max_seq_length"], mlp, adapter_only=is_adapter_folder(folder))
+        return cls(encoder, config["denoise"], config["max_seq_length"], mlp, adapter_only=is_adapter_folder(folder),
+                   eval_precision=config.get("eval_precision", "auto"))  # exports before it was saved: the default
 
 
 def write_template_export(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:
     """The method's evaluation-time embedding (template 0, `denoise_test`, MLP if mlp='always')."""
     module = TemplateSentenceEncoder(method.encoder, method.hparams.denoise_test, method.eval_length, method.eval_mlp,
-                                     adapter_only)
+                                     adapter_only, method.hparams.eval_precision)
     module.save(str(folder))
     write_json(folder / "modules.json", [TemplateSentenceEncoder.modules_entry()])

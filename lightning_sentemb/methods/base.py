@@ -22,6 +22,7 @@ from ..encoders.lora import LoraSettings
 from ..encoders.memory import BackboneDtype
 from ..encoders.plain import POOLERS, Encoder
 from ..encoders.pretrained import load_config
+from ..precision import autocast_for
 from . import checkpoint_state, encoding, steps, validation
 from .building import (
     AttnImplementation,
@@ -33,7 +34,6 @@ from .building import (
 )
 from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
-from .encoding import autocast_for
 from .guide import Guide, GuideOption
 
 __all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "build_method", "unpacked_numel"]

@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 
 from ..encoders.plain import PlainFormat
-from ..losses.mlm import mask_tokens
+from ..losses.mlm import PredictedTokens, mask_tokens
 from .guide import guide_reads_text
 
 
@@ -57,8 +57,9 @@ class Collator:
                 features["input_ids"], features["attention_mask"], self.format.tokenizer,
                 self.hparams.mlm_probability, self.generator,
             )
-            batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"], "labels": labels,
-                            "layout": features["layout"]}  # for a prefix's packed MLM forward
+            batch["mlm"] = {"input_ids": ids, "attention_mask": features["attention_mask"],
+                            "layout": features["layout"],  # for a prefix's packed MLM forward
+                            "predicted": PredictedTokens.from_labels(labels)}
         return batch
 
     def add_guide_texts(self, batch: dict[str, Any], rows: list[list[int]]) -> dict[str, Any]:

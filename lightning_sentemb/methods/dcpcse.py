@@ -34,7 +34,7 @@ from torch import Tensor
 from transformers import PreTrainedConfig
 
 from ..backbones import UnsupportedBackbone
-from ..encoders.packed import PADDED, TokenLayout
+from ..encoders.packed import SENTEMB_ATTENTION, TokenLayout, layout_of
 from ..encoders.plain import LAYER_POOLERS, Encoder
 from ..encoders.prefix import PositionOffset, PrefixedBackbone, prefix_parameter_count
 from ..errors import SentEmbUserError
@@ -75,7 +75,7 @@ class PrefixTunedEncoder(Encoder):
         if self.attn_implementation not in (None, "sdpa"):
             raise SentEmbUserError("model.init_args.attn_implementation: DCPCSE's prefix joins the padded forward's "
                                    f"attention through SDPA, not {self.attn_implementation}; use null, padded or sdpa")
-        self.padded_attention = PADDED  # SDPA with the prefix
+        self.padded_attention = SENTEMB_ATTENTION  # SDPA with the prefix
         self.prefixed = PrefixedBackbone(
             self.backbone, prefix_len, projection, projection_hidden_size, dropout, position_offset
         )
@@ -93,17 +93,18 @@ class PrefixTunedEncoder(Encoder):
             features["input_ids"],
             features["attention_mask"],
             output_hidden_states=self.pooler in LAYER_POOLERS,
-            layout=features.get("layout"),
+            layout=layout_of(features) if self.padding_free else None,
             kernel=self.packed_kernel,
         )
 
-    def mlm_logits(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None = None) -> Tensor:
+    def mlm_hidden_states(self, input_ids: Tensor, attention_mask: Tensor, layout: TokenLayout | None) -> Tensor:
         """MLM through the prefix too, so the auxiliary loss trains it (as in the reference); packed with
         the batch's layout when the encoder is."""
-        if self.mlm_model is None:
-            raise RuntimeError("this encoder was built without an MLM head (with_mlm_head=False)")
-        hidden = self.prefixed(input_ids, attention_mask, layout=layout, kernel=self.packed_kernel).last_hidden_state
-        return self.family.mlm_logits(self.mlm_model, hidden)
+        if self.padding_free:
+            layout = layout_of({"attention_mask": attention_mask, "layout": layout})
+        else:
+            layout = None
+        return self.prefixed(input_ids, attention_mask, layout=layout, kernel=self.packed_kernel).last_hidden_state
 
 
 def trainable_parameter_count(

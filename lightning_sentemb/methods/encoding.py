@@ -13,6 +13,7 @@ from ..console import progress_bar
 from ..distributed import gather_strided_rows, world
 from ..encoders.memory import DTYPES
 from ..fsdp import grad_free
+from ..precision import autocast_for
 
 
 def sentence_features(method: LightningModule, sentences: list[str]) -> dict[str, Tensor]:
@@ -28,15 +29,6 @@ def embed_features(method: LightningModule, features: dict[str, Tensor]) -> Tens
 def encode_batch(method: LightningModule, sentences: list[str]) -> Tensor:
     """Embeddings of one batch of raw sentences, as the module is (no mode switch, no autocast)."""
     return method.embed_features(method.sentence_features(sentences))
-
-
-def autocast_for(device: torch.device, precision: str) -> torch.autocast:
-    """bf16 autocast on GPUs that support it (fp16 on older ones); on CPU only when asked."""
-    if device.type == "cuda" and precision == "auto":
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.autocast("cuda", dtype=dtype)
-    enabled = precision == "bf16"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def eval_autocast(method: LightningModule) -> torch.autocast:

@@ -5,12 +5,16 @@ attention switched on in the first (`bidirectional`, on by default here).
 A fraction of each sentence's tokens is corrupted (BERT's 80/10/10 by default: the mask token, a random
 token, the token itself); token i is predicted from the output at i − 1 through the backbone's own causal-LM
 head, as the reference does by training its bidirectional model with the causal LM's shifted loss on
-masked-LM labels (`losses.mntp`). Decoders have no mask token: the reference's default ("blank") writes
-"_", `mask_token` here.
+masked-LM labels: the state at i − 1 predicts token i, so a decoder made bidirectional keeps reading its
+pretrained head the way it was trained. The collator picks the states that predict (`PredictedTokens`
+with shift 1), and the head runs on those alone. Decoders have no mask token: the reference's default
+("blank") writes "_", `mask_token` here.
 
-What trains: LoRA adapters (or the whole backbone without `lora`); the LM head stays as loaded. The
+What trains: LoRA adapters, or without `lora` the whole backbone. An untied LM head stays as loaded: the
 reference leaves its (untied) head trainable outside peft and drops it when saving the adapters, so only
-the backbone's change carries over to the next stage, as here. Its corpus is Wikitext-103 cut into
+the backbone's change carries over to the next stage, as here. A head tied to the input embeddings
+(Qwen2-0.5B, Gemma, Qwen3) is those embeddings: it trains with the backbone in full fine-tuning (the
+reference trains its head too) and stays frozen under LoRA, as the embeddings do. Its corpus is Wikitext-103 cut into
 512-token blocks; this method reads the sentences of a corpus one per row, as every unsupervised
 method here (wiki1m). The sentence embedding (validation, export) is the backbone's, pooled by
 `pooler` (mean, what LLM2Vec's SimCSE stage uses).
@@ -24,8 +28,7 @@ from torch import Tensor
 
 from ..encoders.plain import Encoder
 from ..errors import SentEmbUserError
-from ..losses.mlm import mask_tokens
-from ..losses.mntp import next_token_loss
+from ..losses.mlm import PredictedTokens, mask_tokens, token_prediction_loss
 from .base import Pooler, SentEmbMethod
 from .collator import Collator
 
@@ -33,7 +36,8 @@ MaskReplace = Literal["bert", "all"]
 
 
 class MNTPViews(Collator):
-    """Each sentence once, corrupted, with the labels of its chosen tokens."""
+    """Each sentence once, corrupted, with its chosen tokens and the states that predict them (the one
+    before each)."""
 
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         hp = self.hparams
@@ -44,7 +48,8 @@ class MNTPViews(Collator):
             mask_id = tokenizer.convert_tokens_to_ids(hp.mask_token)
         ids, labels = mask_tokens(features["input_ids"], features["attention_mask"], tokenizer, hp.mask_probability,
                                   self.generator, mask_id, 0.8 if hp.mask_replace == "bert" else 1.0)
-        return {"features": {**features, "input_ids": ids}, "labels": labels, "num_views": 1}
+        return {"features": {**features, "input_ids": ids}, "predicted": PredictedTokens.from_labels(labels, shift=1),
+                "num_views": 1}
 
 
 class MNTP(SentEmbMethod):
@@ -87,7 +92,8 @@ class MNTP(SentEmbMethod):
             raise SentEmbUserError(f"model.init_args.mask_replace must be bert or all, got {mask_replace!r}")
         super().__init__(backbone, pooler=pooler, mlp=mlp, bidirectional=bidirectional, **kwargs)
         tokenizer = self.tokenizer
-        if tokenizer.mask_token_id is None and tokenizer.convert_tokens_to_ids(mask_token) in (None, tokenizer.unk_token_id):
+        unknown = (None, tokenizer.unk_token_id)
+        if tokenizer.mask_token_id is None and tokenizer.convert_tokens_to_ids(mask_token) in unknown:
             raise SentEmbUserError(f"model.init_args.mask_token {mask_token!r} is not one token of the "
                                    f"{self.family.model_type} tokenizer; name one that is")
 
@@ -95,6 +101,4 @@ class MNTP(SentEmbMethod):
         return Encoder(self.hparams.backbone, self.hparams.pooler, with_lm_head=True)
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        features = batch["features"]
-        logits = self.encoder.mlm_logits(features["input_ids"], features["attention_mask"], features["layout"])
-        return next_token_loss(logits, batch["labels"]), {}
+        return token_prediction_loss(self.encoder, batch["features"], batch["predicted"]), {}

@@ -21,7 +21,7 @@ from transformers import get_linear_schedule_with_warmup
 from ..data.datamodule import batch_seed
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
-from ..losses.mlm import mlm_loss
+from ..losses.mlm import token_prediction_loss
 from .checkpoint_state import trainable_summary
 
 
@@ -30,9 +30,7 @@ def step_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, d
     weighted MLM loss when enabled."""
     loss, logs = method.training_loss(batch)
     if "mlm" in batch:
-        mlm = batch["mlm"]
-        logits = method.encoder.mlm_logits(mlm["input_ids"], mlm["attention_mask"], mlm["layout"])
-        logs["mlm_loss"] = mlm_loss(logits, mlm["labels"])
+        logs["mlm_loss"] = token_prediction_loss(method.encoder, batch["mlm"], batch["mlm"]["predicted"])
         loss = loss + method.mlm_weight_at(method.global_step) * logs["mlm_loss"]
     return loss, logs
 
