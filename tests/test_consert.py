@@ -96,6 +96,10 @@ def test_each_augmentation_draws_what_its_docstring_says(tiny_bert):
     index = torch.arange(5).repeat(4, 1)  # view 0, and padding: their own positions
     index[2, :5], index[3, :3] = orders[0], orders[1]
     assert features["shuffle_index"].equal(index) and features["input_ids"][2:].equal(features["input_ids"][:2])
+    # by hand, seed 3: view 0 cuts [CLS] and the first word of row 0, the word of row 1; view 1 puts row 0's
+    # tokens at positions 0 2 3 4 1 ([SEP] second), row 1's at 1 2 0 (padding keeps 3 4)
+    assert features["token_keep"][:2].tolist() == [[False, False, True, True, True], [True, False, True, True, True]]
+    assert features["shuffle_index"][2:].tolist() == [[0, 2, 3, 4, 1], [1, 2, 0, 3, 4]]
 
     method = build_method(ConSERT, tiny_bert, augmentations=["feature_cutoff", "span_cutoff"], feature_cutoff_rate=0.25,
                           span_cutoff_rate=0.4)
@@ -108,6 +112,8 @@ def test_each_augmentation_draws_what_its_docstring_says(tiny_bert):
         span = torch.nonzero(~features["token_keep"][2 + row]).flatten().tolist()
         assert span == list(range(start, start + int(n * 0.4)))
     assert features["feature_keep"][2:].all() and features["token_keep"][:2].all()
+    # by hand, seed 4: view 1 erases row 0's last word and [SEP] (2 of 5 tokens), row 1's [SEP] (1 of 3)
+    assert features["token_keep"][2:].tolist() == [[True, True, True, False, False], [True, True, False, True, True]]
 
     method = build_method(ConSERT, tiny_bert, augmentations=["dropout", "span_cutoff"], dropout_rate=0.3,
                           span_cutoff="keep", span_cutoff_rate=0.4)
