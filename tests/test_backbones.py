@@ -27,6 +27,7 @@ from lightning_sentemb.export import export
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.consert import ConSERT
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -41,6 +42,8 @@ METHODS = {
     "ClusterNS": lambda path: build_method(ClusterNS, path, num_clusters=2),
     "ClusterNSPrompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    # its default pair shuffles tokens, which decoders refuse (REFUSED): cutoffs run on every family
+    "ConSERT": lambda path: build_method(ConSERT, path, augmentations=["token_cutoff", "feature_cutoff"]),
 }
 BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
              "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
@@ -55,6 +58,7 @@ REFUSED = {
     ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: build_method(SimCSE, path, mlm_weight=0.1), "no masked-LM head"),
     ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: build_method(DCPCSE, path, prefix_len=2, mlm_weight=0.1), "no masked-LM head"),
     ("SimCSE", "pooler mask", "tiny_bert"): (lambda path: build_method(SimCSE, path, pooler="mask"), "template"),
+    ("ConSERT", "shuffle", "tiny_qwen2"): (lambda path: build_method(ConSERT, path), "reads in the order of its mask"),
 }
 
 
@@ -185,6 +189,10 @@ PACKED_METHODS = {
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
     "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
+    # ModernBERT, DistilBERT and ELECTRA shuffle their tokens (decoders refuse it); element masks on each
+    # family's embedding output (its adversarial view: tests/test_consert.py)
+    "consert": lambda path, family: build_method(
+        ConSERT, path, augmentations=["shuffle" if family in ENCODERS else "token_cutoff", "dropout"]),
 }
 
 
@@ -338,6 +346,7 @@ EXPORTED = {
     "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    "ConSERT": lambda path: build_method(ConSERT, path, augmentations=["token_cutoff", "dropout"]),
 }
 
 

@@ -16,6 +16,7 @@ from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.methods import ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.consert import ConSERT
 from lightning_sentemb.methods.guide import Guide, guide_settings
 from tests.test_grad_cache import CHUNK, gradients, relative_error
 
@@ -98,6 +99,9 @@ GUIDED = {
     # of these sentences within 0.05 of each other
     "clusterns_guide": lambda path: build_method(ClusterNS, path, num_clusters=2, false_negatives="mask",
                                               guide={"model": path, "pooler": "avg", "margin": 0.05}),
+    # ConSERT: the guide's view-0 × view-1 mask leaves both blocks (other view, same view) of each anchor
+    "consert_guide": lambda path: build_method(ConSERT, path, augmentations=["dropout", "shuffle"],
+                                            guide={"model": path, "pooler": "avg", "margin": 0.05}),
 }
 
 

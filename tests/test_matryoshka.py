@@ -16,6 +16,8 @@ from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.matryoshka import truncate
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.consert import ConSERT
+from tests.test_consert import paper_nt_xent
 
 DIMS, WEIGHTS = [32, 16, 8], [1.0, 0.5, 2.0]
 N = 4  # sentences
@@ -58,6 +60,8 @@ CASES = {
     "clusterns_prompt": (lambda p: build_method(ClusterNSPrompt, p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
     "clusterns_prefix": (lambda p: build_method(ClusterNSPrefix, p, num_clusters=2, prefix_len=2, **MATRYOSHKA), 2,
                          clusterns_reference),
+    "consert": (lambda p: build_method(ConSERT, p, **MATRYOSHKA), 2,
+                lambda embeddings, method, dim: paper_nt_xent(*cut(embeddings, dim).unflatten(0, (2, -1)), 0.1)),
 }
 
 

@@ -29,6 +29,9 @@ METHODS = {
     "dcpcse": ["--model", "lightning_sentemb.methods.DCPCSE", "--model.prefix_len", "2", "--model.mlm_weight", "0.1",
                "--model.lr", "1e-2"],
     "clusterns": ["--model", "lightning_sentemb.methods.ClusterNS", "--model.num_clusters", "2", "--model.sigma", "1.0"],
+    # the collator's draws (element dropout masks, permutations) repeat after the resume
+    "consert": ["--model", "lightning_sentemb.methods.ConSERT", "--model.augmentations", "[dropout, shuffle]",
+                "--model.lr", "1e-4"],
 }
 
 
@@ -110,7 +113,8 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # collate draws random numbers (ConPVP's templates, DCPCSE's MLM masks) also stopped with 2 and resumed
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
-                         [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns")),
+                         [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns",
+                                                           "consert")),
                           *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):

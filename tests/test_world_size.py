@@ -35,6 +35,9 @@ CASES = {
     "clusterns": ("clusterns", []),
     "simcse-gradcache": ("simcse", ["--model.grad_cache_chunk", "3"]),
     "simcse-lora": ("simcse", ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0, target_modules: all-linear}"]),
+    # the attack's gradient takes every process's loss terms (through the gathers' backward); no drawn
+    # augmentation beside it: a batch's draws are seeded by rank (as dropout's), not by example
+    "consert-adversarial": ("consert", ["--model.augmentations", "[none, adversarial]", "--model.lr", "3e-5"]),
 }
 
 

@@ -13,6 +13,7 @@ class BertFamily(BackboneFamily):
     """BERT: positions 0, 1, ... from the row's start (HF's numbering, padding included)."""
 
     name = "bert"
+    token_shuffle = "positions"  # learned absolute positions: ConSERT shuffles their ids (its paper's way)
 
     def position_ids(self, input_ids: Tensor | None, attention_mask: Tensor, past_length: int = 0) -> Tensor:
         positions = torch.arange(past_length, past_length + attention_mask.shape[1], device=attention_mask.device)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar, Literal
 
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import PreTrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import SentEmbUserError
 
 TemplateReadout = Literal["mask", "last"]
+TokenShuffle = Literal["positions", "tokens"]
 
 
 class UnsupportedBackbone(SentEmbUserError):
@@ -44,6 +45,11 @@ class BackboneFamily:
     # Config fields of the backbone's dropout probabilities (`model.init_args.dropout` sets those the
     # config has).
     dropout_keys: ClassVar[tuple[str, ...]] = ("hidden_dropout_prob", "attention_probs_dropout_prob")
+    # How ConSERT's token shuffling reorders a sentence (`methods.consert`): "positions" permutes its position
+    # ids (the paper's way, for learned absolute positions), "tokens" permutes the tokens themselves (the same
+    # augmentation for a bidirectional encoder whose positions are relative, rotary or read elsewhere, e.g.
+    # ModernBERT's windows, which follow the token order), None: refused.
+    token_shuffle: ClassVar[TokenShuffle | None] = "tokens"
 
     def __init__(self, config: PreTrainedConfig) -> None:
         self.config = config
@@ -118,6 +124,16 @@ class BackboneFamily:
             return f"{type(backbone).__name__} takes no position_ids"
         return None
 
+    def embedding_output(self, backbone: PreTrainedModel) -> tuple[nn.Module, int]:
+        """The module whose output is the embedding layer's (what the first transformer layer reads) and
+        that output's width: where ConSERT's cutoffs, dropout and adversarial perturbation act. An
+        encoder's `embeddings` (words, positions, token types, norm, dropout)."""
+        embeddings = getattr(backbone, "embeddings", None)
+        if not isinstance(embeddings, nn.Module):
+            raise UnsupportedBackbone(f"augmentations act on the embedding layer's output and "
+                                      f"{type(backbone).__name__} has no `embeddings` module")
+        return embeddings, getattr(self.config, "embedding_size", None) or self.config.hidden_size
+
     # ----- positions -----------------------------------------------------------------------
     def first_position(self) -> int:
         """The position id of a sequence's first token."""
@@ -173,6 +189,12 @@ class DecoderFamily(BackboneFamily):
     template_readout = "last"
     # Llama-shaped: attention_dropout; OPT: dropout too; GPT-2, Phi-3: *_pdrop
     dropout_keys = ("attention_dropout", "dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop")
+    token_shuffle = None  # the causal mask follows the token order: shuffled positions contradict it
+
+    def embedding_output(self, backbone: PreTrainedModel) -> tuple[nn.Module, int]:
+        """The token embeddings (positions are rotary or added inside the model's forward)."""
+        embeddings = backbone.get_input_embeddings()
+        return embeddings, embeddings.embedding_dim
 
     def pooler_refusal(self, pooler: str) -> str | None:
         if pooler in ("cls", "cls_before_pooler"):

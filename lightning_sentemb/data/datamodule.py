@@ -18,6 +18,7 @@ from ..evaluation import parse_evaluators
 from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
 from .paths import MissingDataError, require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
+from .sts_corpus import STS_CORPUS, sts_corpus_file
 
 
 class Collator(Protocol):
@@ -197,6 +198,8 @@ class SentEmbDataModule(LightningDataModule):
     Args:
         train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`, or
             `hard_neg_1..hard_neg_k` as `sentemb data mine` writes); a relative path is looked up under `data_dir`.
+            `senteval:sts`: the unlabeled sentences of the STS sets under `data_dir` (ConSERT's corpus,
+            `data.sts_corpus`).
         data_dir: data directory (SimCSE/SentEval layout); default: `$SENTEMB_DATA`, else `./data` if it
             exists, else `../shared/data` (`data.paths.resolve_data_dir`, the rule of every command).
         max_seq_len: training length in tokens, special tokens included (templates come on top).
@@ -263,6 +266,11 @@ class SentEmbDataModule(LightningDataModule):
 
     def train_path(self) -> str:
         path = self.hparams.train_file
+        if path == STS_CORPUS:
+            try:
+                return str(sts_corpus_file(self.data_dir, self.hparams.cache_dir))
+            except MissingDataError as missing:
+                raise missing.for_option("--data.data_dir") from None
         return path if os.path.isabs(path) else str(self.data_dir / path)
 
     def check_data(self, stage: str) -> None:

@@ -104,6 +104,18 @@ PAPERS = {
   url = {https://aclanthology.org/2023.findings-acl.555}
 }""",
     ),
+    "ConSERT": Paper(
+        "ConSERT: A Contrastive Framework for Self-Supervised Sentence Representation Transfer (Yan et al., ACL 2021)",
+        "https://aclanthology.org/2021.acl-long.393",
+        """@inproceedings{yan2021consert,
+  title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
+  author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
+  booktitle = {Proceedings of the 59th Annual Meeting of the Association for Computational Linguistics},
+  year = {2021},
+  pages = {5065--5075},
+  url = {https://aclanthology.org/2021.acl-long.393}
+}""",
+    ),
 }
 
 # model-index datasets: STS tasks as MTEB names them on the hub, transfer tasks as SentEval does

@@ -11,6 +11,7 @@ from lightning_sentemb.callbacks.kmeans import assign, update_centroids
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
+from lightning_sentemb.losses.nt_xent import nt_xent
 from lightning_sentemb.precision import exact_fp32
 
 N, DIM, K = 64, 48, 6
@@ -52,6 +53,8 @@ LOSSES = {
     # ClusterNS before clustering starts, then with centroids in each false-negative mode
     "clusterns_plain": lambda x, labels: ClusterNSLoss()(x["anchors"], x["positives"], labels)[0],
     **{f"clusterns_{mode}": clusterns_loss(mode) for mode in ("bml", "mask", "positive", "none")},
+    # ConSERT: both views anchors, both views negatives
+    "nt_xent": lambda x, labels: nt_xent(x["anchors"], x["positives"], x["anchors"], x["positives"], labels, 0.1),
 }
 
 
