@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import AutoModel
@@ -24,9 +26,21 @@ from lightning_sentemb.encoders.packed import PADDED, PADDING_FREE, set_attentio
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import (
+    DCPCSE,
+    SBERT,
+    SCPCSE,
+    SNCSE,
+    ClusterNS,
+    ClusterNSPrefix,
+    ClusterNSPrompt,
+    ConPVP,
+    PromptBERT,
+    SimCSE,
+)
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
+from tests.examples import training_examples
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -41,6 +55,15 @@ METHODS = {
     "ClusterNS": lambda path: build_method(ClusterNS, path, num_clusters=2),
     "ClusterNSPrompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+}
+# Methods whose encoder is one of those above (SNCSE: PromptBERT's templates; SCPCSE: ConPVP's prompt vectors
+# written at a template's tokens, frozen backbone; SBERT: SimCSE's plain encoder) train on a byte-level BPE
+# encoder and a decoder (their own tests use BERT): SCPCSE's continuous template under each tokenizer and
+# readout, SNCSE's third view, SBERT's pairs.
+NEWER_METHODS = {
+    "SNCSE": lambda path: build_method(SNCSE, path),
+    "SCPCSE": lambda path: build_method(SCPCSE, path),
+    "SBERT": lambda path: build_method(SBERT, path),
 }
 BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
              "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
@@ -65,7 +88,8 @@ def quiet(method: SentEmbMethod) -> SentEmbMethod:
 
 
 def unsupervised_examples(method: SentEmbMethod) -> list[dict[str, list[int]]]:
-    return [{"sent0": ids} for ids in method.encoder.format.sentence_ids(SENTENCES)]
+    """The sentences as the method trains on them (with their negations, SNCSE; as labelled pairs, SBERT)."""
+    return training_examples(method, SENTENCES)
 
 
 def train_steps(method: SentEmbMethod, steps: int = 3) -> list[float]:
@@ -88,11 +112,11 @@ def train_steps(method: SentEmbMethod, steps: int = 3) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("backbone", BACKBONES)
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize(("name", "backbone"), [*itertools.product(METHODS, BACKBONES),
+                                              *itertools.product(NEWER_METHODS, ["tiny_roberta", "tiny_qwen2"])])
 def test_every_method_trains_on_every_backbone(name: str, backbone: str, request) -> None:
     torch.manual_seed(0)
-    method = quiet(METHODS[name](request.getfixturevalue(backbone)))
+    method = quiet({**METHODS, **NEWER_METHODS}[name](request.getfixturevalue(backbone)))
     losses = train_steps(method)
     assert all(torch.isfinite(torch.tensor(losses))), losses
     assert method.encode(SENTENCES[:3]).isfinite().all()
@@ -185,11 +209,15 @@ PACKED_METHODS = {
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
     "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
+    "scpcse": lambda path, family: build_method(SCPCSE, path),  # on two families (NEWER_METHODS)
 }
 
 
-@pytest.mark.parametrize("backbone", NEW_FAMILIES)
-@pytest.mark.parametrize("name", list(PACKED_METHODS))
+PACKED_PAIRS = [*itertools.product([m for m in PACKED_METHODS if m != "scpcse"], NEW_FAMILIES),
+                ("scpcse", "tiny_modernbert"), ("scpcse", "tiny_qwen2")]
+
+
+@pytest.mark.parametrize(("name", "backbone"), PACKED_PAIRS)
 def test_packed_forward_equals_padded_forward(name: str, backbone: str, request) -> None:
     torch.manual_seed(0)
     fast = quiet(without_dropout(PACKED_METHODS[name](request.getfixturevalue(backbone), backbone))).train()
@@ -335,6 +363,7 @@ EXPORTED = {
     "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    "SCPCSE": lambda path: build_method(SCPCSE, path),
 }
 
 

@@ -7,9 +7,13 @@ from .conpvp import ConPVP
 from .dcpcse import DCPCSE
 from .mntp import MNTP
 from .promptbert import PromptBERT
+from .sbert import SBERT
+from .scpcse import SCPCSE
 from .simcse import SimCSE
+from .sncse import SNCSE
 
 __all__ = [
     "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod",
     "SimCSE", "build_method",
+    "SBERT", "SCPCSE", "SNCSE",
 ]
