@@ -83,7 +83,7 @@ def _labelled_pairs_csv(parquet: Path, target: Path) -> None:
     from .nli_pairs import LABELLED_COLUMNS, NLI_LABELS
 
     with target.open("w", newline="", encoding="utf8") as file:
-        writer = csv.writer(file)
+        writer = csv.writer(file, lineterminator="\n")
         writer.writerow(LABELLED_COLUMNS)
         for batch in pq.ParquetFile(parquet).iter_batches(columns=list(LABELLED_COLUMNS)):
             columns = batch.to_pydict()

@@ -172,7 +172,7 @@ def negate_file(source: str | os.PathLike, output: str | os.PathLike, parse: Par
 
     def write(file: IO[bytes]) -> None:
         text = io.TextIOWrapper(file, encoding="utf8", newline="")
-        writer = csv.writer(text)
+        writer = csv.writer(text, lineterminator="\n")
         writer.writerow(["sent0", NEGATION_COLUMN])
         with progress_bar(total=total, desc=f"negate {source.name}", unit=" lines") as bar:
             sentences, to_parse = tee(_sentences(source, counts, bar))
