@@ -20,24 +20,14 @@ import pytest
 import torch
 from transformers import AutoModel
 
+from lightning_sentemb import methods
 from lightning_sentemb.backbones import UnsupportedBackbone
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.encoders.packed import PADDED, PADDING_FREE, set_attention
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
-from lightning_sentemb.methods import (
-    DCPCSE,
-    SBERT,
-    SCPCSE,
-    SNCSE,
-    ClusterNS,
-    ClusterNSPrefix,
-    ClusterNSPrompt,
-    ConPVP,
-    PromptBERT,
-    SimCSE,
-)
+from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from tests.examples import training_examples
@@ -56,15 +46,11 @@ METHODS = {
     "ClusterNSPrompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
 }
-# Methods whose encoder is one of those above (SNCSE: PromptBERT's templates; SCPCSE: ConPVP's prompt vectors
-# written at a template's tokens, frozen backbone; SBERT: SimCSE's plain encoder) train on a byte-level BPE
-# encoder and a decoder (their own tests use BERT): SCPCSE's continuous template under each tokenizer and
-# readout, SNCSE's third view, SBERT's pairs.
-NEWER_METHODS = {
-    "SNCSE": lambda path: build_method(SNCSE, path),
-    "SCPCSE": lambda path: build_method(SCPCSE, path),
-    "SBERT": lambda path: build_method(SBERT, path),
-}
+# SNCSE (PromptBERT's encoder), SCPCSE (ConPVP's prompt vectors, at a template's own tokens, on a frozen
+# backbone) and SBERT (SimCSE's plain encoder) trained once on every family (docs/backbones.md); the suite
+# keeps SCPCSE's continuous template under a byte-level BPE and a decoder's last-token readout (all three
+# train on BERT in their own tests).
+NEWER_METHODS = {"SCPCSE": lambda path: build_method(methods.SCPCSE, path)}
 BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
              "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
 ENCODERS = ["tiny_modernbert", "tiny_distilbert", "tiny_electra"]
@@ -209,12 +195,12 @@ PACKED_METHODS = {
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
     "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
-    "scpcse": lambda path, family: build_method(SCPCSE, path),  # on two families (NEWER_METHODS)
+    "scpcse": lambda path, family: build_method(methods.SCPCSE, path),  # on a decoder only (NEWER_METHODS)
 }
 
 
 PACKED_PAIRS = [*itertools.product([m for m in PACKED_METHODS if m != "scpcse"], NEW_FAMILIES),
-                ("scpcse", "tiny_modernbert"), ("scpcse", "tiny_qwen2")]
+                ("scpcse", "tiny_qwen2")]
 
 
 @pytest.mark.parametrize(("name", "backbone"), PACKED_PAIRS)
@@ -363,7 +349,6 @@ EXPORTED = {
     "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
-    "SCPCSE": lambda path: build_method(SCPCSE, path),
 }
 
 

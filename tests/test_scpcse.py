@@ -80,3 +80,25 @@ def test_with_lora_the_adapters_and_the_prompt_train(tiny_bert: str) -> None:
     batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(SENTENCES)])
     method.step_loss(batch)[0].backward()
     assert method.encoder.prompt.grad.abs().sum() > 0
+
+
+def test_a_checkpoint_restores_the_trained_prompt_and_the_export_reads_it(tiny_bert: str, tmp_path) -> None:
+    """What a checkpoint keeps (the trainable tensors) loads after `configure_model`, which starts the prompt
+    from the embeddings again (Lightning restores a resumed fit and `load_from_checkpoint` in that order);
+    the export records the continuous template and gives `encode`'s embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    from lightning_sentemb.export import export
+
+    trained = build_method(SCPCSE, tiny_bert)
+    with torch.no_grad():
+        trained.encoder.prompt.normal_()
+    kept = {k: v for k, v in trained.state_dict().items() if k in trained.trainable_state_keys()}
+    restored = build_method(SCPCSE, tiny_bert)
+    restored.load_state_dict(kept)
+    assert torch.equal(restored.encoder.prompt, trained.encoder.prompt)
+    folder = export(restored.eval(), tmp_path / "export")
+    assert '"continuous": true' in (folder / "sentemb_template_config.json").read_text()
+    model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
+    torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), trained.encode(SENTENCES),
+                               rtol=1e-5, atol=1e-5)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from .info_nce import cosine_matrix
-from .margin import bidirectional_margin_loss
+from .margin import bidirectional_margin_loss, check_margins
 
 __all__ = ["ClusterNSLoss"]
 
@@ -83,8 +83,7 @@ class ClusterNSLoss(nn.Module):
             raise ValueError(f"bml_reduction must be all_pairs|false_negatives, got {bml_reduction!r}")
         if hard_negative_weight <= 0:
             raise ValueError(f"hard_negative_weight μ must be > 0 (or hard_negatives='none'): {hard_negative_weight}")
-        if bml_alpha > bml_beta:
-            raise ValueError(f"BML needs alpha <= beta (Δ in [-β, -α]), got alpha={bml_alpha}, beta={bml_beta}")
+        check_margins(bml_alpha, bml_beta)
         self.temperature = temperature
         self.hard_negative_weight = hard_negative_weight
         self.bml_weight = bml_weight

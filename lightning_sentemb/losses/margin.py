@@ -8,7 +8,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["bidirectional_margin_loss"]
+__all__ = ["bidirectional_margin_loss", "check_margins"]
 
 
 def bidirectional_margin_loss(
@@ -31,3 +31,9 @@ def bidirectional_margin_loss(
     if reduction == "sum":
         return loss.sum()
     return loss
+
+
+def check_margins(alpha: float, beta: float) -> None:
+    """The loss is zero on [-β, -α] only if α <= β."""
+    if alpha > beta:
+        raise ValueError(f"BML needs alpha <= beta (Δ in [-β, -α]), got alpha={alpha}, beta={beta}")

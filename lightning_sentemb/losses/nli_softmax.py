@@ -40,8 +40,11 @@ class NLISoftmaxLoss(nn.Module):
         """(pairs, num_labels) classifier logits in the classifier's dtype (fp32, or wider)."""
         u, v = u.to(self.classifier.weight.dtype), v.to(self.classifier.weight.dtype)
         rep, difference, multiplication = self.parts
-        vectors = [*((u, v) if rep else ()), *((u - v).abs() for _ in range(difference)),
-                   *(u * v for _ in range(multiplication))]
+        vectors = [u, v] if rep else []
+        if difference:
+            vectors.append((u - v).abs())
+        if multiplication:
+            vectors.append(u * v)
         with exact_fp32(u.device.type):
             return self.classifier(torch.cat(vectors, dim=-1))
 

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..precision import exact_fp32
 from .info_nce import info_nce
-from .margin import bidirectional_margin_loss
+from .margin import bidirectional_margin_loss, check_margins
 
 __all__ = ["SNCSELoss", "paired_cosine"]
 
@@ -43,8 +43,7 @@ class SNCSELoss(nn.Module):
     def __init__(self, temperature: float = 0.05, bml_weight: float = 1e-3, bml_alpha: float = 0.1,
                  bml_beta: float = 0.3) -> None:
         super().__init__()
-        if bml_alpha > bml_beta:
-            raise ValueError(f"BML needs alpha <= beta (Δ in [-β, -α]), got alpha={bml_alpha}, beta={bml_beta}")
+        check_margins(bml_alpha, bml_beta)
         self.temperature = temperature
         self.bml_weight = bml_weight
         self.bml_alpha = bml_alpha
