@@ -101,9 +101,9 @@ class TemplateFormat(PlainFormat):
         # continuous: the token each prompt vector starts from (a [P] slot: the placeholder token)
         self.slot_tokens: list[int] = []
         if continuous:
-            if len(self.templates) != 1:
-                raise SentEmbUserError(f"model.init_args.templates: a continuous template is one template (its tokens "
-                                       f"are the prompt vectors); got {len(self.templates)}")
+            if len(self.templates) != 1 or not self.num_prompt_slots:
+                raise SentEmbUserError(f"model.init_args.templates: a continuous template is one template with text "
+                                       f"around [X] (its tokens are the prompt vectors); got {list(templates)}")
             t = self.templates[0]
             slots = dict(zip(t.prefix_slots + t.suffix_slots, t.prefix + t.suffix, strict=True))
             self.slot_tokens = [slots[slot] for slot in range(self.num_prompt_slots)]
