@@ -51,8 +51,7 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
 Tools:
   evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
   export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
-  data        download the data sets, check what a data directory holds, mine hard negatives,
-              negate sentences (SNCSE's soft negatives)
+  data        download the data sets, check what a data directory holds, mine hard negatives, negate sentences
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
   reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`)
 
