@@ -4,7 +4,9 @@ forward against the method's own padded forward, on all-MiniLM-L6-v2, same batch
 
     python benchmarks/methods.py [--batch-size 64] [--steps 5] [--threads 2] [--bf16] [--no-memory]
 
-ClusterNS is timed with initialized centroids and includes the K-means centroid update.
+ClusterNS is timed with initialized centroids and includes the K-means centroid update. SNCSE's batch
+carries each sentence's parser-free negation (`data.negation.lexicon_tokens`), SBERT's pairs each
+sentence with the next (batch 64 = 64 pairs, 128 rows).
 
 One step = forward of both dropout views, InfoNCE, backward, AdamW step, zero_grad: the work
 `training_step` does, without Lightning's bookkeeping. The two forwards alternate step by step on
@@ -29,8 +31,9 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
+from lightning_sentemb.data.negation import lexicon_tokens, negate
 from lightning_sentemb.data.paths import resolve_data_dir
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import DCPCSE, SBERT, SCPCSE, SNCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
@@ -48,8 +51,16 @@ def prepare(method: SentEmbMethod, sentences: list[str], max_tokens: int = 30):
     method.train()
     trainable = [p for p in method.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=method.hparams.lr, fused=True)
-    ids = method.tokenizer(sentences, add_special_tokens=False)["input_ids"]
-    batch = method.collate([{"sent0": row[:max_tokens]} for row in ids])
+    columns = {"sent0": sentences}
+    if "negation" in method.collator.required_columns:  # SNCSE: parser-free negations
+        columns["negation"] = [negate(lexicon_tokens(sentence)).text for sentence in sentences]
+    if "premise" in method.collator.required_columns:  # SBERT: each sentence paired with the next
+        columns = {"premise": sentences, "hypothesis": sentences[1:] + sentences[:1]}
+    ids = {name: method.tokenizer(texts, add_special_tokens=False)["input_ids"] for name, texts in columns.items()}
+    examples = [{name: rows[i][:max_tokens] for name, rows in ids.items()} for i in range(len(sentences))]
+    if "label" in method.collator.required_columns:
+        examples = [{**example, "label": i % 3} for i, example in enumerate(examples)]
+    batch = method.collate(examples)
     batch = move_data_to_device(batch, method.device)  # as Lightning moves it: layouts, predicted tokens too
     clustering = getattr(method, "cluster_state", None)
     if clustering is not None:
@@ -112,6 +123,9 @@ METHODS = {
     "ConSERT (feature cutoff + shuffle)": lambda: build_method(ConSERT, BACKBONE, lr=1e-5),
     "ConSERT (shuffle + adversarial)": lambda: build_method(ConSERT, BACKBONE, augmentations=["shuffle", "adversarial"],
                                                             lr=1e-5),
+    "SNCSE": lambda: build_method(SNCSE, BACKBONE, mlp="train"),
+    "SCPCSE (frozen backbone)": lambda: build_method(SCPCSE, BACKBONE, mlp="train"),
+    "SBERT (pairs)": lambda: build_method(SBERT, BACKBONE),
 }
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from .commands import TRUST_HELP, ArgumentParser
 from .commands.evaluate import evaluate, evaluate_parser
 from .commands.mine import add_mine_parser
+from .commands.negate import add_negate_parser, negate_command
 from .data.paths import DATA_DIR_HELP, default_cache_dir
 from .errors import SentEmbUserError
 
@@ -50,7 +51,7 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
 Tools:
   evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
   export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
-  data        download the data sets, check what a data directory holds, mine hard negatives
+  data        download the data sets, check what a data directory holds, mine hard negatives, negate sentences
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
   reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`)
 
@@ -99,15 +100,17 @@ def data_parser() -> ArgumentParser:
     sub = parser.add_subparsers(dest="action", required=True)
     fetch = sub.add_parser("download", help="fetch SentEval + SimCSE corpora from their canonical sources")
     fetch.add_argument("--to", required=True, help="target data directory")
-    fetch.add_argument("--what", default="senteval,wiki1m,nli", help="comma-separated: senteval,wiki1m,nli")
+    fetch.add_argument("--what", default="senteval,wiki1m,nli",
+                       help="comma-separated: senteval,wiki1m,nli,allnli (allnli: SNLI+MNLI with labels, for SBERT)")
     check = sub.add_parser("check", help="report, per evaluator and corpus, what a data directory holds",
                            description="Reports every group; the exit status is 1 only when a group named "
                                        "by --require is incomplete.")
     check.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     check.add_argument("--require", default="sts",
                        help="comma-separated groups that must be complete for exit status 0: "
-                            "sts,transfer,cluster,wiki1m,nli or all (default sts: what every fit needs)")
+                            "sts,transfer,cluster,wiki1m,nli,allnli or all (default sts: what every fit needs)")
     add_mine_parser(sub)
+    add_negate_parser(sub)
     return parser
 
 
@@ -118,6 +121,9 @@ def data(options: argparse.Namespace) -> None:
         from .mining import mine_command
 
         mine_command(options)
+        return
+    if options.action == "negate":
+        negate_command(options)
         return
     if options.action == "download":
         download(options.to, options.what.split(","))

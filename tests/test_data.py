@@ -138,7 +138,7 @@ def test_nli_csv_columns(small_chunks, tmp_path):
     assert read_all(path, max_examples=4)[0]["sent1"] == [row["sent1"] for row in rows[:4]]
     bad = tmp_path / "bad.csv"
     bad.write_text("premise,hypothesis\nx,y\n")
-    with pytest.raises(SentEmbUserError, match="bad.csv: an NLI csv needs a header"):
+    with pytest.raises(SentEmbUserError, match="bad.csv: a training csv needs a header with sent0"):
         read_all(bad)
 
 

@@ -1,5 +1,8 @@
 import tarfile
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from lightning_sentemb.data.download import check_data_dir, download
@@ -13,8 +16,14 @@ def fake_hub(tmp_path_factory):
     source = write_sts_fixture(tmp_path_factory.mktemp("source"))
 
     def hf_hub_download(repo_id, filename, repo_type, local_dir):
-        assert (repo_id, repo_type) == ("princeton-nlp/datasets-for-simcse", "dataset")
         target = f"{local_dir}/{filename}"
+        if filename.endswith(".parquet"):  # all-nli's labelled SNLI + MNLI pairs
+            assert (repo_id, repo_type, filename) == ("sentence-transformers/all-nli", "dataset",
+                                                      "pair-class/train-00000-of-00001.parquet")
+            Path(target).parent.mkdir(parents=True)
+            pq.write_table(pa.table({"premise": ["a, b", "c"], "hypothesis": ["d", 'e "f"'], "label": [2, 0]}), target)
+            return target
+        assert (repo_id, repo_type) == ("princeton-nlp/datasets-for-simcse", "dataset")
         if filename == "senteval.tar":
             with tarfile.open(target, "w") as archive:
                 archive.add(source / "senteval" / "downstream", arcname="SentEval/data/downstream")
@@ -35,6 +44,10 @@ def test_download_lays_out_the_data_dir(tmp_path, tmp_path_factory, monkeypatch,
     assert not [p for p in (tmp_path / "data").rglob("tmp*")]
     download(tmp_path / "data", ["wiki1m"])
     assert "exists; skipped" in capsys.readouterr().out
+    download(tmp_path / "data", ["allnli"])
+    pairs = tmp_path / "data" / "corpora" / "allnli_pairs.csv"
+    assert pairs.read_text() == 'premise,hypothesis,label\n"a, b",d,contradiction\nc,"e ""f""",entailment\n'
+    assert check_data_dir(tmp_path / "data", required=["allnli"]) == []
 
 
 def test_check_reports_missing_files_with_the_fetch_command(tmp_path, capsys):

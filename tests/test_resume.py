@@ -32,6 +32,7 @@ METHODS = {
     # the collator's draws (element dropout masks, permutations) repeat after the resume
     "consert": ["--model", "lightning_sentemb.methods.ConSERT", "--model.augmentations", "[dropout, shuffle]",
                 "--model.lr", "1e-4"],
+    "sncse": ["--model", "lightning_sentemb.methods.SNCSE", "--data.negate", "lexicon"],
 }
 
 

@@ -80,7 +80,9 @@ def case_id(case: tuple[str, bool, bool]) -> str:
 # are chunked its own way: template-bias rows, prototypes, prefixes, the MLM loss, ClusterNS's σ read);
 # the padded path once per input format (plain, template, prefix with its MLM), and once cached.
 # Whether the batch is padded or packed is decided in the encoders by the format, not by the method.
-CASES = [*((method, True, grad_cache) for grad_cache in (False, True) for method in METHODS),
+# SNCSE runs PromptBERT's views and adds its loss: checked once, uncached
+CASES = [*((method, True, grad_cache) for grad_cache in (False, True) for method in METHODS if method != "sncse"),
+         ("sncse", True, False),
          *((method, False, False) for method in ("simcse", "promptbert", "dcpcse")),
          ("simcse", False, True)]
 

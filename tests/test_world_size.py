@@ -28,11 +28,15 @@ STEPS, GLOBAL_BATCH = 3, 8
 # Averaged tokens: the random tiny BERT's [CLS] vectors are nearly one (1 - cos < 1e-5), where the loss's
 # gradient is mostly rounding (an AdamW step then goes either way) and a sample's two centroid similarities
 # differ by ~1e-7; averaged, the sentences are apart (1 - cos ~ 0.05, centroid gaps > 1e-3).
-COMMON = ["--model.dropout", "0", "--model.pooler", "avg", "--trainer.max_steps", str(STEPS)]
+COMMON = ["--model.dropout", "0", "--trainer.max_steps", str(STEPS)]
 # Plain SimCSE runs inside each case: ClusterNS's step is SimCSE's plus the centroids, and caching and
 # LoRA are SimCSE's (a case of its own cost two more interpreters per rank and found nothing these miss).
 CASES = {
     "clusterns": ("clusterns", []),
+    # three views (the negations: `data.negate`), the BML of each rank's own rows (λ 1: it weighs) beside the
+    # gathered InfoNCE. In fp64: the tiny BERT's [MASK] states of different sentences are nearly one (1 - cos
+    # ~ 1e-6), so in fp32 their gradients are mostly rounding, which AdamW lifts to the lr's size
+    "sncse": ("sncse", ["--model.bml_weight", "1.0", "--trainer.precision", "64-true"]),
     "simcse-gradcache": ("simcse", ["--model.grad_cache_chunk", "3"]),
     "simcse-lora": ("simcse", ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0, target_modules: all-linear}"]),
     # the attack's gradient takes every process's loss terms (through the gathers' backward); no drawn
@@ -71,8 +75,9 @@ def case_args(case: str, backbone: str, data: Path, corpus_file: Path, folder: P
     callbacks = folder / f"{case}-{processes}-callbacks.yaml"
     callbacks.write_text(json.dumps({"trainer": {"callbacks": [
         {"class_path": "tests.test_world_size.RecordRows", "init_args": {"path": str(rows)}}]}}))
-    return ["fit", *run_args(method, backbone, data, corpus_file, root, 0, *COMMON, *extra, "-c", str(callbacks),
-                             "--data.batch_size", str(GLOBAL_BATCH // processes),
+    pooler = "mask" if method == "sncse" else "avg"
+    return ["fit", *run_args(method, backbone, data, corpus_file, root, 0, *COMMON, "--model.pooler", pooler, *extra,
+                             "-c", str(callbacks), "--data.batch_size", str(GLOBAL_BATCH // processes),
                              *(["--trainer.strategy", "ddp", "--trainer.devices", "2"] if processes == 2 else []))]
 
 
@@ -80,7 +85,7 @@ def case_args(case: str, backbone: str, data: Path, corpus_file: Path, folder: P
 def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path:  # noqa: F811 (corpus: a fixture)
     """The folder where every case ran on 2 processes."""
     folder = tmp_path_factory.mktemp("two-processes")
-    # one launch for the three cases (tests/launch.py)
+    # one launch for every case (tests/launch.py)
     done = launch([case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES], folder / "commands.json")
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
@@ -97,7 +102,7 @@ def test_two_processes_equal_one_with_the_same_global_batch(tiny_bert, sts_fixtu
                 for processes, folder in ((1, tmp_path), (2, two_process_runs))}
         (rows_1, state_1), (rows_2, state_2) = runs[1], runs[2]
         assert sorted(rows_1) == list(range(STEPS)) and rows_2 == rows_1, case  # the same examples at every step
-        assert len(rows_1[0]) == 2 * GLOBAL_BATCH, case  # two views of each example
+        assert len(rows_1[0]) == (3 if case == "sncse" else 2) * GLOBAL_BATCH, case  # the views of each example
         assert state_2.keys() == state_1.keys(), case
         if case == "clusterns":
             assert bool(state_1["cluster_state.initialized"]) and int(state_1["cluster_state.num_updates"]) == STEPS - 1

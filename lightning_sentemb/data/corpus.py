@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from itertools import chain, islice
 from pathlib import Path
@@ -35,13 +35,15 @@ from transformers import PreTrainedTokenizerBase
 from ..atomic_io import atomic_write
 from ..console import progress_bar
 from ..errors import SentEmbUserError
+from .negation import NEGATION_COLUMN, sentence_negator
+from .nli_pairs import LABELLED_COLUMNS, label_ids, senteval_nli_rows
 from .paths import default_cache_dir, require_file
 
 NUMBERED_HARD_NEGATIVE = re.compile(r"hard_neg_([1-9][0-9]*)")
 CACHE_VERSION = "2"  # 2: streamed, token ids as int32
 CHUNK_ROWS = 2000  # examples per tokenizer call, per task of a worker and per Arrow record batch
 BLOCK_BYTES = 1 << 20  # bytes read from the corpus at a time (extended to the end of its last line)
-Chunk = dict[str, list[str]]
+Chunk = dict[str, list]  # column -> texts (a label column: class ids)
 
 
 def default_tokenize_workers() -> int:
@@ -67,13 +69,30 @@ def nli_columns(header: Collection[str], source: str = "an NLI csv") -> list[str
     return ["sent0", "sent1", *negatives]
 
 
+def corpus_columns(header: Collection[str], source: str) -> list[str]:
+    """The training columns of a csv's header: labelled NLI pairs `premise,hypothesis,label` (SBERT,
+    `data.nli_pairs`), sentences `sent0` with their negations `negation` (SNCSE, `data.negation`), or SimCSE's
+    NLI columns (`nli_columns`)."""
+    if set(LABELLED_COLUMNS) <= set(header):
+        return list(LABELLED_COLUMNS)
+    if "sent0" in header and "sent1" not in header:
+        return ["sent0", *([NEGATION_COLUMN] if NEGATION_COLUMN in header else [])]
+    if "sent0" not in header:
+        raise SentEmbUserError(f"{source}: a training csv needs a header with sent0 (sentences; "
+                               f"sent0,{NEGATION_COLUMN} with their negations), sent0,sent1[,hard_neg...] (NLI "
+                               f"triplets) or premise,hypothesis,label (labelled NLI pairs); got {list(header)}")
+    return nli_columns(header, source)
+
+
 # ----- reading ----------------------------------------------------------------------------------
 class CorpusReader:
     """The corpus as chunks of at most `CHUNK_ROWS` examples, {column: [text]}, read as it goes.
 
     `.txt`: one sentence a line (column `sent0`); blank lines are skipped and counted in
     `blank_lines`. `.csv`: SimCSE's NLI file with header `sent0,sent1[,hard_neg]`, or with k hard negatives
-    a pair `sent0,sent1,hard_neg_1,...,hard_neg_k` (`nli_columns`). Lines are those
+    a pair `sent0,sent1,hard_neg_1,...,hard_neg_k` (`nli_columns`); sentences and their negations
+    `sent0,negation`; labelled NLI pairs `premise,hypothesis,label` (`corpus_columns`). A folder: labelled
+    NLI pairs in SentEval's layout (`data.nli_pairs`). Lines are those
     of `str.splitlines` (as reading the whole file would give). Reading stops after `max_examples`
     examples (the rest of the file is not read, nor checked). `bytes_read` follows the progress.
 
@@ -84,29 +103,34 @@ class CorpusReader:
     def __init__(self, path: str | os.PathLike, max_examples: int | None = None) -> None:
         self.path = require_file(path, "training corpus")
         self.max_examples = max_examples or None
-        self.size = self.path.stat().st_size
+        self.size = sum(file.stat().st_size for file in _files_of(self.path))
         self.bytes_read = 0
         self.blank_lines = 0
         self.examples = 0
 
     def __iter__(self) -> Iterator[Chunk]:
         buffered: Chunk = {}
-        for part in self._csv_parts() if self.path.suffix == ".csv" else self._txt_parts():
+        for part in self._parts():
             for column, texts in part.items():
                 buffered.setdefault(column, []).extend(texts)
-            while len(buffered["sent0"]) >= CHUNK_ROWS or self._reaches_limit(len(buffered["sent0"])):
+            while _rows(buffered) >= CHUNK_ROWS or self._reaches_limit(_rows(buffered)):
                 yield self._take(buffered)
                 if self.examples == self.max_examples:
                     return
-        if buffered.get("sent0"):
+        if _rows(buffered):
             yield self._take(buffered)
+
+    def _parts(self) -> Iterator[Chunk]:
+        if self.path.is_dir():
+            return self._folder_parts()
+        return self._csv_parts() if self.path.suffix == ".csv" else self._txt_parts()
 
     def _reaches_limit(self, buffered: int) -> bool:
         return self.max_examples is not None and self.examples + buffered >= self.max_examples
 
     def _take(self, buffered: Chunk) -> Chunk:
         """The next chunk off the front of `buffered`: `CHUNK_ROWS` examples, fewer at the end or the limit."""
-        n = min(CHUNK_ROWS, len(buffered["sent0"]))
+        n = min(CHUNK_ROWS, _rows(buffered))
         if self.max_examples is not None:
             n = min(n, self.max_examples - self.examples)
         chunk = {column: texts[:n] for column, texts in buffered.items()}
@@ -126,9 +150,19 @@ class CorpusReader:
         # quoted fields may span lines: the csv reader gets the lines of every block in turn
         lines = chain.from_iterable(io.StringIO(text, newline="") for text in self._text_blocks())
         reader = csv.DictReader(lines)
-        columns = nli_columns(reader.fieldnames or [], str(self.path))
+        columns = corpus_columns(reader.fieldnames or [], str(self.path))
+        first_row = 2  # after the header
         while rows := list(islice(reader, CHUNK_ROWS)):
-            yield {column: [row[column] for row in rows] for column in columns}
+            part = {column: [row[column] for row in rows] for column in columns}
+            if "label" in part:
+                part["label"] = label_ids(part["label"], first_row, str(self.path))
+            first_row += len(rows)
+            yield part
+
+    def _folder_parts(self) -> Iterator[Chunk]:
+        for part, size in senteval_nli_rows(self.path, CHUNK_ROWS):
+            self.bytes_read += size
+            yield part
 
     def _text_blocks(self) -> Iterator[str]:
         """The file decoded in blocks of whole lines (a block ends after a newline byte, which is
@@ -162,18 +196,36 @@ class CorpusReader:
             ) from None
 
 
+def _rows(buffered: Chunk) -> int:
+    return len(next(iter(buffered.values()), []))
+
+
+def _files_of(path: Path) -> list[Path]:
+    """The file, or the files of a corpus folder."""
+    return sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+
+
 # ----- tokenizing -------------------------------------------------------------------------------
 class ChunkTokenizer:
-    """Token ids of every column of a chunk, without special tokens, cut to `max_tokens`, as Arrow's
-    list layout (int32 offsets, int32 values): two flat arrays, cheap to send between processes."""
+    """Token ids of every text column of a chunk, without special tokens, cut to `max_tokens`, as Arrow's
+    list layout (int32 offsets, int32 values): two flat arrays, cheap to send between processes. A
+    label column stays one int32 array of class ids. With `negate` (`data.negation.sentence_negator`), a
+    chunk of sentences without a negation column gets one (SNCSE's soft negatives, `data.negate`)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
+                 negate: Callable[[list[str]], list[str]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.negate = negate
 
-    def __call__(self, chunk: Chunk) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        out = {}
+    def __call__(self, chunk: Chunk) -> dict[str, tuple[np.ndarray, np.ndarray] | np.ndarray]:
+        out: dict[str, tuple[np.ndarray, np.ndarray] | np.ndarray] = {}
+        if self.negate is not None and "sent0" in chunk and NEGATION_COLUMN not in chunk:
+            chunk = {**chunk, NEGATION_COLUMN: self.negate(chunk["sent0"])}
         for column, texts in chunk.items():
+            if column == "label":
+                out[column] = np.asarray(texts, dtype=np.int32)
+                continue
             rows = [ids[: self.max_tokens] for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
             offsets = np.zeros(len(rows) + 1, dtype=np.int32)
             np.cumsum([len(ids) for ids in rows], out=offsets[1:])
@@ -246,10 +298,13 @@ def tokenized_chunks(chunks: Iterable[Chunk], tokenize: ChunkTokenizer, workers:
 
 
 # ----- the cache --------------------------------------------------------------------------------
-def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_examples: int | None) -> str:
-    stat = path.stat()
-    parts = [CACHE_VERSION, str(path.resolve()), str(stat.st_size), str(stat.st_mtime_ns),
+def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_examples: int | None,
+               negate: str | None) -> str:
+    stats = [(file.name, file.stat()) for file in _files_of(path)]
+    parts = [CACHE_VERSION, str(path.resolve()), *(f"{name} {stat.st_size} {stat.st_mtime_ns}" for name, stat in stats),
              tokenizer.name_or_path, str(len(tokenizer)), str(max_tokens), str(max_examples)]
+    if negate is not None:
+        parts.append(f"negate {negate}")
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -259,12 +314,13 @@ def corpus_cache_path(
     max_tokens: int,
     cache_dir: str | os.PathLike | None = None,
     max_examples: int | None = None,
+    negate: str | None = None,
 ) -> Path:
-    """Where the tokenized corpus is cached: named by the file's identity (path, size, mtime), the
-    tokenizer, the length and `max_examples`, so any change gives a new cache."""
+    """Where the tokenized corpus is cached: named by the file's identity (path, size, mtime; a folder's
+    files'), the tokenizer, the length, `max_examples` and `negate`, so any change gives a new cache."""
     path = require_file(path, "training corpus")
     cache = Path(cache_dir or default_cache_dir())
-    return cache / f"{path.stem}-{_cache_key(path, tokenizer, max_tokens, max_examples)}.arrow"
+    return cache / f"{path.stem}-{_cache_key(path, tokenizer, max_tokens, max_examples, negate)}.arrow"
 
 
 def tokenize_corpus(
@@ -273,22 +329,26 @@ def tokenize_corpus(
     max_tokens: int,
     cache_dir: str | os.PathLike | None = None,
     max_examples: int | None = None,
+    negate: str | None = None,
     workers: int | None = None,
 ) -> Path:
     """Tokenize the corpus into its cache file (`corpus_cache_path`) unless it is there; return the path.
 
     Each text column becomes token ids without special tokens, cut to `max_tokens`. The file is
     written under a temporary name beside it and renamed once complete (`atomic_write`), so a
-    killed run never leaves a file at the cached name. `workers`: tokenizer processes (default
-    `default_tokenize_workers()`; 1 = in this process).
+    killed run never leaves a file at the cached name. `negate`: a parser (`data.negation.load_parser`:
+    a spaCy pipeline or `lexicon`) whose negation of each sentence becomes the column `negation`, where
+    the corpus has none. `workers`: tokenizer processes (default `default_tokenize_workers()`; 1 = in
+    this process).
     """
-    final = corpus_cache_path(path, tokenizer, max_tokens, cache_dir, max_examples)
+    final = corpus_cache_path(path, tokenizer, max_tokens, cache_dir, max_examples, negate)
     if final.exists():
         return final
     reader = CorpusReader(path, max_examples)
     workers = default_tokenize_workers() if workers is None else workers
     start = time.perf_counter()
-    atomic_write(final, lambda file: _write_arrow(file, reader, ChunkTokenizer(tokenizer, max_tokens), workers))
+    tokenize = ChunkTokenizer(tokenizer, max_tokens, None if negate is None else sentence_negator(negate))
+    atomic_write(final, lambda file: _write_arrow(file, reader, tokenize, workers))
     seconds = time.perf_counter() - start
     if reader.blank_lines:
         rank_zero_info(f"{reader.path}: skipped {reader.blank_lines} blank line(s)")
@@ -305,9 +365,11 @@ def _write_arrow(file: IO[bytes], reader: CorpusReader, tokenize: ChunkTokenizer
               leave=False) as progress:
         for columns in tokenized_chunks(reader, tokenize, workers):
             if writer is None:
-                schema = Features({column: List(Value("int32")) for column in columns}).arrow_schema
+                schema = Features({column: Value("int32") if column == "label" else List(Value("int32"))
+                                   for column in columns}).arrow_schema
                 writer = pa.ipc.new_stream(file, schema)
-            arrays = [pa.ListArray.from_arrays(*map(pa.array, columns[name])) for name in schema.names]
+            arrays = [pa.array(columns[name]) if name == "label"
+                      else pa.ListArray.from_arrays(*map(pa.array, columns[name])) for name in schema.names]
             writer.write_batch(pa.record_batch(arrays, schema=schema))
             progress.update(reader.bytes_read - progress.n)
             progress.set_postfix_str(f"{reader.examples:,} lines, "

@@ -29,6 +29,8 @@ class Collator(Protocol):
 
     def __call__(self, examples: list[Any]) -> dict[str, Any]: ...
 
+    def check_columns(self, columns: list[str], source: str) -> None: ...
+
 
 class StsPairs(Dataset):
     """Pairs of one STS task, ordered by length so evaluation batches pad little.
@@ -210,6 +212,10 @@ class SentEmbDataModule(LightningDataModule):
             CUDA is available.
         persistent_workers: keep the DataLoader workers alive across epochs (with num_workers > 0).
         max_train_examples: use only the first N training examples (demos, tests).
+        negate: add each sentence's negation to a one-sentence corpus as it is tokenized (SNCSE's soft
+            negatives, column `negation`; a corpus that has the column keeps its own): a spaCy pipeline
+            (`en_core_web_sm`, the reference's; the `negate` extra) or `lexicon` (no parser, cruder: demos);
+            null = none (`sentemb data negate` writes the same column into a csv beforehand). docs/data.md.
         tokenize_workers: processes tokenizing the corpus into its cache (once per node, see
             `prepare_data`); None = the CPUs available, at most 8.
         prepare_data_per_node: tokenize on local rank 0 of every node (true: a `cache_dir` per
@@ -235,6 +241,7 @@ class SentEmbDataModule(LightningDataModule):
         pin_memory: bool | None = None,
         persistent_workers: bool = False,
         max_train_examples: int | None = None,
+        negate: str | None = None,
         tokenize_workers: int | None = None,
         prepare_data_per_node: bool = True,
         val_tasks: Sequence[str] = DEV_TASKS,
@@ -307,15 +314,16 @@ class SentEmbDataModule(LightningDataModule):
                     "error, above, names the cause"
                 )
             self.train_dataset = open_tokenized_corpus(cache)
+            self.method.collator.check_columns(self.train_dataset.column_names, self.train_path())
             self._check_one_batch()
 
     def _corpus_cache_args(self) -> tuple:
-        """(corpus, tokenizer, max tokens, cache dir, max examples) of the training cache, after
+        """(corpus, tokenizer, max tokens, cache dir, max examples, negate) of the training cache, after
         refusing options that cannot train."""
         specials = self.method.encoder.format.num_special_tokens
         self._check_training_options(specials)
         return (self.train_path(), self.method.tokenizer, self.hparams.max_seq_len - specials, self.hparams.cache_dir,
-                self.hparams.max_train_examples)
+                self.hparams.max_train_examples, self.hparams.negate)
 
     def _check_training_options(self, specials: int) -> None:
         """Refuse what cannot train: one sentence a batch (the in-batch contrastive loss is then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import tarfile
@@ -14,10 +15,13 @@ from ..errors import SentEmbUserError
 from .paths import require_file, resolve_data_dir
 
 SIMCSE_REPO = "princeton-nlp/datasets-for-simcse"
-SOURCES = {  # what: (file in SimCSE's dataset repo, destination under the data dir)
-    "senteval": ("senteval.tar", "senteval/downstream"),
-    "wiki1m": ("wiki1m_for_simcse.txt", "corpora/wiki1m_for_simcse.txt"),
-    "nli": ("nli_for_simcse.csv", "corpora/nli_for_simcse.csv"),
+# SNLI + MNLI train with their labels (942,069 pairs), as sentence-transformers trains SBERT on them
+ALLNLI_REPO = "sentence-transformers/all-nli"
+SOURCES = {  # what: (Hugging Face dataset repo, file in it, destination under the data dir)
+    "senteval": (SIMCSE_REPO, "senteval.tar", "senteval/downstream"),
+    "wiki1m": (SIMCSE_REPO, "wiki1m_for_simcse.txt", "corpora/wiki1m_for_simcse.txt"),
+    "nli": (SIMCSE_REPO, "nli_for_simcse.csv", "corpora/nli_for_simcse.csv"),
+    "allnli": (ALLNLI_REPO, "pair-class/train-00000-of-00001.parquet", "corpora/allnli_pairs.csv"),
 }
 # Lines of the published corpora (SimCSE's wiki1m: one million sentences), to call a shorter copy a subset.
 FULL_CORPUS_LINES = {"wiki1m": 1_000_000}
@@ -30,6 +34,7 @@ CHECK_GROUPS: dict[str, tuple[str, str | None]] = {
     "cluster": ("short-text clustering, DBpedia, AG News: --tasks cluster", None),
     "wiki1m": ("unsupervised training corpus", "wiki1m"),
     "nli": ("supervised training corpus (*_sup.yaml)", "nli"),
+    "allnli": ("labelled NLI pairs (SBERT, sbert_sup.yaml)", "allnli"),
 }
 
 
@@ -50,21 +55,40 @@ def download(to: str | os.PathLike, what: list[str]) -> None:
     if unknown:
         raise ValueError(f"unknown data item(s) {sorted(unknown)}; choose from {', '.join(SOURCES)}")
     for item in what:
-        filename, destination = SOURCES[item]
+        repo, filename, destination = SOURCES[item]
         target = root / destination
         if target.exists():
             print(f"{target} exists; skipped")
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            fetched = Path(hf_hub_download(SIMCSE_REPO, filename, repo_type="dataset", local_dir=tmp))
+            fetched = Path(hf_hub_download(repo, filename, repo_type="dataset", local_dir=tmp))
             if filename.endswith(".tar"):
                 with tarfile.open(fetched) as archive:
                     archive.extractall(Path(tmp) / "x", filter="data")
                 os.replace(_downstream_root(Path(tmp) / "x"), target)
+            elif filename.endswith(".parquet"):
+                _labelled_pairs_csv(fetched, Path(tmp) / "pairs.csv")
+                os.replace(Path(tmp) / "pairs.csv", target)
             else:
                 shutil.move(str(fetched), target)
         print(f"{item}: {target}")
+
+
+def _labelled_pairs_csv(parquet: Path, target: Path) -> None:
+    """all-nli's pair-class parquet (premise, hypothesis, label 0-2) as the csv `premise,hypothesis,label`
+    with the label names (`data.nli_pairs`)."""
+    import pyarrow.parquet as pq
+
+    from .nli_pairs import LABELLED_COLUMNS, NLI_LABELS
+
+    with target.open("w", newline="", encoding="utf8") as file:
+        writer = csv.writer(file, lineterminator="\n")
+        writer.writerow(LABELLED_COLUMNS)
+        for batch in pq.ParquetFile(parquet).iter_batches(columns=list(LABELLED_COLUMNS)):
+            columns = batch.to_pydict()
+            writer.writerows(zip(columns["premise"], columns["hypothesis"], (NLI_LABELS[i] for i in columns["label"]),
+                                 strict=True))
 
 
 def _subset_note(group: str, root: Path) -> str:
@@ -74,7 +98,7 @@ def _subset_note(group: str, root: Path) -> str:
     if expected is None:
         return ""
     lines, last = 0, b"\n"
-    with (root / SOURCES[group][1]).open("rb") as file:
+    with (root / SOURCES[group][2]).open("rb") as file:
         while chunk := file.read(1 << 24):
             lines, last = lines + chunk.count(b"\n"), chunk[-1:]
     lines += last != b"\n"
@@ -93,7 +117,7 @@ def _group_items(group: str, root: Path) -> dict[str, Callable[[], object]]:
         return {name: partial(load_transfer_task, name, root) for name in TRANSFER_TASKS}
     if group == "cluster":
         return {name: partial(load_clustering_task, name, root) for name in CLUSTERING_TASKS}
-    destination = SOURCES[group][1]
+    destination = SOURCES[group][2]
     return {destination: partial(require_file, root / destination, f"corpus {group}")}
 
 

@@ -1,9 +1,13 @@
-"""Prompt input formats: discrete templates (PromptBERT), continuous prompt slots (ConPVP), and
-template denoising.
+"""Prompt input formats: discrete templates (PromptBERT), continuous prompt slots (ConPVP), continuous
+templates (SCPCSE), and template denoising.
 
 A template is text with one `[X]` (the sentence), one `[MASK]` (the tokenizer's mask token; RoBERTa's
 `<mask>` may be written as is) and optionally `[P]` slots, each a learnable vector in the
-input-embedding space. The sentence embedding is the last hidden state at the mask token — on a
+input-embedding space. A continuous template (`continuous`, SCPCSE: the shallow continuous prompt of
+Jiang & Wang, 2022, §3.3) makes every token of its text such a vector, initialized from that token's
+input embedding, at that token's position (special tokens and the mask stay as they are).
+
+The sentence embedding is the last hidden state at the mask token — on a
 causal decoder, at the template's last token: PromptEOL's `This sentence : "[X]" means in one word:"`
 needs no [MASK], and a template written with one is cut just before it (the state that predicts the
 masked word).
@@ -80,8 +84,9 @@ class TemplateFormat(PlainFormat):
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, templates: Sequence[str], first_position: int = 0,
-                 readout: TemplateReadout = "mask") -> None:
+                 readout: TemplateReadout = "mask", continuous: bool = False) -> None:
         super().__init__(tokenizer)
+        self.continuous = continuous
         if readout == "mask" and tokenizer.mask_token_id is None:
             raise ValueError("templates read at the mask token need a tokenizer with a mask token")
         self.readout = readout
@@ -93,6 +98,15 @@ class TemplateFormat(PlainFormat):
         if not self.templates:
             raise SentEmbUserError("model.init_args: give at least one template")
         self.num_prompt_slots = max(max(t.prefix_slots + t.suffix_slots, default=-1) + 1 for t in self.templates)
+        # continuous: the token each prompt vector starts from (a [P] slot: the placeholder token)
+        self.slot_tokens: list[int] = []
+        if continuous:
+            if len(self.templates) != 1 or not self.num_prompt_slots:
+                raise SentEmbUserError(f"model.init_args.templates: a continuous template is one template with text "
+                                       f"around [X] (its tokens are the prompt vectors); got {list(templates)}")
+            t = self.templates[0]
+            slots = dict(zip(t.prefix_slots + t.suffix_slots, t.prefix + t.suffix, strict=True))
+            self.slot_tokens = [slots[slot] for slot in range(self.num_prompt_slots)]
 
     @property
     def num_special_tokens(self) -> int:
@@ -123,7 +137,10 @@ class TemplateFormat(PlainFormat):
             elif piece.strip():
                 tokens = self.tokenizer(piece, add_special_tokens=False)["input_ids"]
                 ids.extend(tokens)
-                slots.extend([-1] * len(tokens))
+                for token in tokens:  # continuous: every token but the mask is a prompt vector
+                    prompt = self.continuous and token != self.mask_id
+                    slots.append(slot if prompt else -1)
+                    slot += prompt
         (prefix, prefix_slots), (suffix, suffix_slots) = parts
         if self.readout == "last":
             return Template(text, prefix, suffix, prefix_slots, suffix_slots, readout=None)
@@ -204,18 +221,29 @@ class TemplateEncoder(Encoder):
     Templates with `[P]` slots get `prompt`, one learnable input-embedding vector per slot number
     (shared by every template), initialized by `prompt_init`: "uniform" U[0, 1) (the ConPVP
     reference's `torch.rand`; row norm ≈ sqrt(hidden / 3), ≈ 16 at 768) or "normal" like the
-    backbone's embeddings (std `initializer_range`).
+    backbone's embeddings (std `initializer_range`). A `continuous` template's prompt vectors start as
+    its tokens' input embeddings instead (`TemplateFormat`; set once the backbone's weights are there).
+
+    `freeze_backbone`: only what the encoder adds trains (the prompt vectors; SCPCSE). The backbone stays
+    in train mode, so dropout still makes two views differ. The deep prefix of DCPCSE is a different
+    mechanism, keys and values in every attention layer (`encoders.prefix`); this one writes the prompt
+    into the input sequence at the template's positions.
     """
 
     combine_keys = ("bias_index",)
     reads_templates = True
 
-    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform") -> None:
+    def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform",
+                 continuous: bool = False, freeze_backbone: bool = False) -> None:
         super().__init__(backbone, pooler="mask")
         refusal = self.family.template_refusal(self.tokenizer)
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
-        self.format = TemplateFormat(self.tokenizer, templates, self.family.first_position(), self.family.template_readout)
+        self.freeze_backbone = freeze_backbone
+        if freeze_backbone:
+            self.backbone.requires_grad_(False)
+        self.format = TemplateFormat(self.tokenizer, templates, self.family.first_position(),
+                                     self.family.template_readout, continuous)
         self.prompt: nn.Parameter | None = None
         if self.format.num_prompt_slots:
             # input-embedding vectors: their size, not the hidden one (ELECTRA-small: 128 vs 256)
@@ -227,6 +255,23 @@ class TemplateEncoder(Encoder):
             else:
                 raise SentEmbUserError(f"model.init_args.prompt_init must be 'uniform' or 'normal', got {prompt_init!r}")
             self.prompt = nn.Parameter(initial)
+            if not self.weights_deferred:
+                self.init_continuous_prompt()
+
+    def load_backbone(self, **options: Any) -> None:
+        super().load_backbone(**options)
+        if self.freeze_backbone:
+            self.backbone.requires_grad_(False)
+        self.init_continuous_prompt()
+
+    @torch.no_grad()
+    def init_continuous_prompt(self) -> None:
+        """A continuous template's prompt vectors as its tokens' input embeddings (what the embedding layer
+        gives them, scaled where a family scales it)."""
+        if self.format.continuous:
+            embeddings = self.backbone.get_input_embeddings()
+            ids = torch.tensor(self.format.slot_tokens, device=embeddings.weight.device)
+            self.prompt.copy_(embeddings(ids).to(self.prompt.device, self.prompt.dtype))
 
     def run_backbone(self, features: dict[str, Tensor]) -> Any:
         if self.prompt is None:

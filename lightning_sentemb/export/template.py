@@ -1,4 +1,4 @@
-"""Export of template methods (PromptBERT, ConPVP) as one sentence-transformers module.
+"""Export of template methods (PromptBERT, ConPVP, SNCSE, SCPCSE) as one sentence-transformers module.
 
 The folder holds the backbone (so `AutoModel.from_pretrained(OUT)` loads it — the template, prompt
 vectors and denoising are then up to the caller) and `TemplateSentenceEncoder`, a sentence-transformers
@@ -34,7 +34,7 @@ class TemplateSentenceEncoder(SentEmbSTModule):
 
     config_file_name = "sentemb_template_config.json"
     weights_file_name = "sentemb_template.safetensors"
-    config_keys: ClassVar[list[str]] = ["template", "denoise", "max_seq_length", "mlp", "eval_precision"]
+    config_keys: ClassVar[list[str]] = ["template", "denoise", "max_seq_length", "mlp", "eval_precision", "continuous"]
 
     def __init__(
         self, encoder: TemplateEncoder, denoise: bool, max_seq_length: int, mlp: nn.Module | None = None,
@@ -46,6 +46,7 @@ class TemplateSentenceEncoder(SentEmbSTModule):
         self.encoder = encoder
         self.tokenizer = encoder.tokenizer
         self.template = encoder.format.templates[0].text
+        self.continuous = encoder.format.continuous  # SCPCSE: the template's tokens are prompt vectors
         self.denoise = denoise
         self.max_seq_length = max_seq_length
         self.mlp_layer = mlp
@@ -87,7 +88,7 @@ class TemplateSentenceEncoder(SentEmbSTModule):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], folder: str) -> TemplateSentenceEncoder:
-        encoder = TemplateEncoder(folder, [config["template"]])
+        encoder = TemplateEncoder(folder, [config["template"]], continuous=config.get("continuous", False))
         mlp = nn.Sequential(nn.Linear(encoder.hidden_size, encoder.hidden_size), nn.Tanh()) if config["mlp"] else None
         return cls(encoder, config["denoise"], config["max_seq_length"], mlp, adapter_only=is_adapter_folder(folder),
                    eval_precision=config.get("eval_precision", "auto"))  # exports before it was saved: the default

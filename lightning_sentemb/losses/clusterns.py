@@ -1,5 +1,6 @@
 """ClusterNS loss (Deng et al., 2023, §3.2, Eq. 2-6): InfoNCE with centroid hard negatives, and
-a bidirectional margin loss (BML) on the in-batch false negatives found by clustering.
+a bidirectional margin loss (BML, SNCSE's: `losses.margin`) on the in-batch false negatives found by
+clustering.
 
 Shapes follow `InfoNCELoss`: `n` local anchors against `m` columns (the global batch under DDP),
 `labels[i]` the column of anchor i's positive. The clusters are given per column (`nearest`,
@@ -32,33 +33,13 @@ import torch
 from torch import Tensor, nn
 
 from .info_nce import cosine_matrix
+from .margin import bidirectional_margin_loss, check_margins
 
-__all__ = ["ClusterNSLoss", "bidirectional_margin_loss"]
+__all__ = ["ClusterNSLoss"]
 
 HardNegatives = Literal["second_nearest", "nearest", "none"]
 FalseNegatives = Literal["bml", "mask", "positive", "none"]
 BMLReduction = Literal["all_pairs", "false_negatives"]
-
-
-def bidirectional_margin_loss(
-    sim_false_neg: Tensor,
-    sim_pos: Tensor,
-    alpha: float,
-    beta: float,
-    reduction: Literal["mean", "sum", "none"] = "mean",
-) -> Tensor:
-    """Eq. 4-5: with Δ = cos(x_i, x*) - cos(x_i, x_i^+), ReLU(Δ + α) + ReLU(-Δ - β).
-
-    Zero iff -β <= Δ <= -α: a false negative should be less similar to the anchor than its
-    positive (by at least α) but not by more than β (Eq. 3). Inputs broadcast against each other.
-    """
-    delta = sim_false_neg - sim_pos
-    loss = torch.relu(delta + alpha) + torch.relu(-delta - beta)
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
 
 
 class ClusterNSLoss(nn.Module):
@@ -102,8 +83,7 @@ class ClusterNSLoss(nn.Module):
             raise ValueError(f"bml_reduction must be all_pairs|false_negatives, got {bml_reduction!r}")
         if hard_negative_weight <= 0:
             raise ValueError(f"hard_negative_weight μ must be > 0 (or hard_negatives='none'): {hard_negative_weight}")
-        if bml_alpha > bml_beta:
-            raise ValueError(f"BML needs alpha <= beta (Δ in [-β, -α]), got alpha={bml_alpha}, beta={bml_beta}")
+        check_margins(bml_alpha, bml_beta)
         self.temperature = temperature
         self.hard_negative_weight = hard_negative_weight
         self.bml_weight = bml_weight

@@ -8,9 +8,12 @@ from .consert import ConSERT
 from .dcpcse import DCPCSE
 from .mntp import MNTP
 from .promptbert import PromptBERT
+from .sbert import SBERT
+from .scpcse import SCPCSE
 from .simcse import SimCSE
+from .sncse import SNCSE
 
 __all__ = [
-    "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "ConSERT", "PromptBERT",
-    "SentEmbMethod", "SimCSE", "build_method",
+    "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "ConSERT",
+    "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
 ]

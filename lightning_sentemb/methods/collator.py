@@ -14,6 +14,7 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 
 from ..encoders.plain import PlainFormat
+from ..errors import SentEmbUserError
 from ..losses.mlm import PredictedTokens, mask_tokens
 from .guide import guide_reads_text
 
@@ -38,6 +39,18 @@ class Collator:
         """The batch: `features` (the rows of every view, view after view), `num_views`, and what the
         method's loss reads."""
         raise NotImplementedError
+
+    # the corpus columns every training example must have (`check_columns`), and which corpus provides them
+    required_columns: tuple[str, ...] = ("sent0",)
+    corpus_hint = ("one sentence a line (.txt), or a csv with sent0 (and sent1[,hard_neg] for supervised NLI "
+                   "triplets)")
+
+    def check_columns(self, columns: list[str], source: str) -> None:
+        """One line before training when the tokenized corpus lacks a column this method's views read."""
+        missing = [column for column in self.required_columns if column not in columns]
+        if missing:
+            raise SentEmbUserError(f"{source}: the corpus has no column {', '.join(missing)} (it has "
+                                   f"{', '.join(columns)}); this method trains on {self.corpus_hint}")
 
     def __getstate__(self) -> dict[str, Any]:
         """The generator's state as bytes: a `torch.Generator` (torch 2.13) pickles its state as a

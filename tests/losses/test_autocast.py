@@ -12,6 +12,8 @@ from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.losses.nt_xent import nt_xent
+from lightning_sentemb.losses.nli_softmax import NLISoftmaxLoss
+from lightning_sentemb.losses.sncse import SNCSELoss
 from lightning_sentemb.precision import exact_fp32
 
 N, DIM, K = 64, 48, 6
@@ -55,7 +57,15 @@ LOSSES = {
     **{f"clusterns_{mode}": clusterns_loss(mode) for mode in ("bml", "mask", "positive", "none")},
     # ConSERT: both views anchors, both views negatives
     "nt_xent": lambda x, labels: nt_xent(x["anchors"], x["positives"], x["anchors"], x["positives"], labels, 0.1),
+    # SNCSE (hard negatives as the soft negatives, a λ that shows the BML), SBERT's classifier
+    "sncse": lambda x, labels: SNCSELoss(bml_weight=1.0)(x["anchors"], x["positives"], labels, x["hard_negatives"])[0],
+    "sbert": lambda x, labels: sbert_loss(x["anchors"], x["positives"], labels % 3),
 }
+
+
+def sbert_loss(u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    torch.manual_seed(0)  # the classifier's initial weights
+    return NLISoftmaxLoss(DIM)(u, v, labels)[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32-inputs", "bf16-inputs"])

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_sentemb.callbacks.kmeans import assign
-from lightning_sentemb.losses.clusterns import ClusterNSLoss, bidirectional_margin_loss
+from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
+from lightning_sentemb.losses.margin import bidirectional_margin_loss
 
 TAU, MU, LAMBDA, ALPHA, BETA = 0.05, 1.5, 0.3, 0.1, 0.3
 NEAREST = torch.tensor([0, 0, 1, 2, 1, 0])

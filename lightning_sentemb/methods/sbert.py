@@ -1,0 +1,71 @@
+"""SBERT (Reimers & Gurevych, 2019): a siamese encoder fine-tuned on NLI by classifying each
+(premise, hypothesis) pair as entailment, neutral or contradiction from (u, v, |u - v|) (`losses.nli_softmax`).
+
+Paper and reference (sentence-transformers' `training_nli.py` with `SoftmaxLoss`) settings: mean pooling,
+batch 16, Adam(W) at lr 2e-5 with linear warm-up over 10% of the steps, one epoch over SNLI + MNLI
+(`sentemb data download --what allnli`; `experiments/sbert_sup.yaml`). The classifier serves training
+only: evaluation and exports read the pooled embedding.
+
+The loss is per pair, with no in-batch negatives: under DDP each rank's mean over its pairs, averaged by
+DDP, is the global batch's; gradient caching is exact (the classifier runs on the cached embeddings, like
+any loss here). No guide (nothing to filter) and no Matryoshka (one classifier reads the full size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..data.nli_pairs import LABELLED_COLUMNS, NLI_LABELS
+from ..errors import SentEmbUserError
+from ..losses.nli_softmax import NLISoftmaxLoss
+from .base import MlpMode, Pooler, SentEmbMethod
+from .collator import Collator
+
+__all__ = ["SBERT"]
+
+
+class SBERTViews(Collator):
+    """The premises, then the hypotheses, and the pairs' labels."""
+
+    required_columns = LABELLED_COLUMNS
+    corpus_hint = ("labelled NLI pairs: a csv premise,hypothesis,label or a folder in SentEval's NLI layout "
+                   "(`sentemb data download --what allnli`; docs/data.md)")
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        rows = [example["premise"] for example in examples] + [example["hypothesis"] for example in examples]
+        batch = {"features": self.format.build(rows, max_length=None), "num_views": 2,
+                 "labels": torch.tensor([example["label"] for example in examples], dtype=torch.long)}
+        return self.add_mlm_inputs(batch)
+
+
+class SBERT(SentEmbMethod):
+    """SBERT's NLI classification objective.
+
+    Args:
+        pooler: "avg", the paper's mean pooling (any other of `SentEmbMethod`'s poolers may be set).
+        mlp: "none" (SBERT has no projection).
+        lr: default 2e-5, the paper's.
+        concatenation_sent_rep, concatenation_sent_difference, concatenation_sent_multiplication: what the
+            classifier reads, (u, v), |u - v| and u * v (paper: the first two; Table 6 ablates them).
+        **kwargs: see `SentEmbMethod` (`temperature` is unused).
+    """
+
+    collator_class = SBERTViews
+
+    def __init__(self, backbone: str, pooler: Pooler | None = "avg", mlp: MlpMode = "none", lr: float = 2e-5,
+                 concatenation_sent_rep: bool = True, concatenation_sent_difference: bool = True,
+                 concatenation_sent_multiplication: bool = False, **kwargs: Any) -> None:
+        for option, why in (("guide", "its classification loss has no in-batch negatives to filter"),
+                            ("matryoshka_dims", "its classifier reads the embedding at full size")):
+            if kwargs.get(option):
+                raise SentEmbUserError(f"model.init_args.{option}: not for SBERT, {why}; remove it")
+        super().__init__(backbone, pooler=pooler, mlp=mlp, lr=lr, **kwargs)
+        self.loss_fn = NLISoftmaxLoss(self.output_size, len(NLI_LABELS), concatenation_sent_rep,
+                                      concatenation_sent_difference, concatenation_sent_multiplication)
+
+    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        premises, hypotheses = embeddings.unflatten(0, (2, -1))
+        return self.loss_fn(premises, hypotheses, batch["labels"])
