@@ -24,7 +24,16 @@ from lightning_sentemb.encoders.packed import PADDED, PADDING_FREE, set_attentio
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import (
+    DCPCSE,
+    BERTFlow,
+    ClusterNS,
+    ClusterNSPrefix,
+    ClusterNSPrompt,
+    ConPVP,
+    PromptBERT,
+    SimCSE,
+)
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
@@ -335,6 +344,7 @@ EXPORTED = {
     "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    "BERTFlow": lambda path: build_method(BERTFlow, path, flow_levels=2, flow_depth=2),  # the first-last average
 }
 
 

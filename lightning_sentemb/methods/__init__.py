@@ -5,6 +5,7 @@ from .building import build_method
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .dcpcse import DCPCSE
+from .flow import BERTFlow
 from .mntp import MNTP
 from .promptbert import PromptBERT
 from .simcse import SimCSE
@@ -12,4 +13,5 @@ from .simcse import SimCSE
 __all__ = [
     "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod",
     "SimCSE", "build_method",
+    "BERTFlow",
 ]
