@@ -48,14 +48,11 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
   predict     LightningCLI's predict loop
 
 Tools:
-  evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
-              (--whiten task|nli|FILE: BERT-whitening beside each model)
+  evaluate    STS, transfer, few-shot, clustering, analysis, BERT-whitening of checkpoints / HF folders / pkg:MODULE
   export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
-              (--whiten nli|FILE: BERT-whitening as a module after the pooling)
   data        download the data sets, check what a data directory holds, mine hard negatives
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
-  reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`);
-              --table conpvp|dcpcse|clusterns: a seed paper's table beside our runs
+  reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`), a seed paper's table
 
 `sentemb SUBCOMMAND --help` describes each. SENTEMB_DEBUG=1 shows tracebacks of user errors.
 """

@@ -84,6 +84,7 @@ class Embedder:
 
 
 # the folder name (`<index>_Whitening`) of the Dense module that `sentemb export --whiten` appends
+# (`export.whitening.WHITENING_MODULE`, which sits above and cannot be imported here)
 WHITENING_MODULE = "Whitening"
 
 

@@ -11,8 +11,11 @@ from sentence_transformers.models import Dense
 from torch import nn
 
 from ..evaluation.whitening import Whitening
-from ..loading import WHITENING_MODULE
 from .plain import append_module
+
+# the module's folder, `<index>_Whitening`: `loading.is_our_export` knows it by this name (`WHITENING_MODULE`;
+# exports do not import `loading`)
+WHITENING_MODULE = "Whitening"
 
 
 def whitening_module(whitening: Whitening) -> Dense:
