@@ -16,6 +16,7 @@ from . import TRUST_HELP, ArgumentParser
 
 if TYPE_CHECKING:
     from ..evaluation.suite import SuitePlan
+    from ..loading import Embedder
 
 
 def evaluate_parser() -> ArgumentParser:
@@ -168,8 +169,8 @@ def check_whitening_options(options: argparse.Namespace, evaluators: list[str]) 
                                "analysis or --mteb fit once on a corpus: --whiten nli or --whiten FILE")
 
 
-def whitened_variant(label: str, encode: Callable, embedder: object, plan: SuitePlan, options: argparse.Namespace,
-                     sentences: list[str] | None) -> tuple:
+def whitened_variant(label: str, encode: Callable, embedder: Embedder, plan: SuitePlan, options: argparse.Namespace,
+                     sentences: list[str] | None) -> tuple[str, Embedder, SuitePlan, dict]:
     """The whitened row of a model: (name, embedder, plan, results marks), fitted on the source's sentences
     now (their own encoding, not kept), or on each STS task's own (`--whiten task`)."""
     from dataclasses import replace
