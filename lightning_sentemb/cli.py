@@ -49,11 +49,11 @@ Training (LightningCLI: -c CONFIG.yaml, any key overridable as --model.init_args
   predict     LightningCLI's predict loop
 
 Tools:
-  evaluate    STS, transfer, few-shot, clustering, analysis of checkpoints / HF folders / pkg:MODULE
+  evaluate    STS, transfer, few-shot, clustering, analysis, BERT-whitening of checkpoints / HF folders / pkg:MODULE
   export      checkpoint -> folder that AutoModel and SentenceTransformer both load, with a model card
   data        download the data sets, check what a data directory holds, mine hard negatives, negate sentences
   sweep       run a W&B sweep file locally and offline (needs the `sweep` extra)
-  reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`)
+  reproduce   one fit per seed, mean ± std and best of N (extra fit arguments after `--`), a seed paper's table
 
 `sentemb SUBCOMMAND --help` describes each. SENTEMB_DEBUG=1 shows tracebacks of user errors.
 """
@@ -73,6 +73,17 @@ def export_parser() -> ArgumentParser:
     parser.add_argument("--adapter-only", action="store_true",
                         help="LoRA checkpoints: write peft's adapter folder (naming the base model) plus the pooling/"
                              "template config, instead of the backbone with the adapters merged (the default)")
+    parser.add_argument("--pooler", default=None, choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last",
+                                                           "avg_top2"],
+                        help="for a Hugging Face folder (checkpoints keep their own): its pooling, as in "
+                             "`sentemb evaluate`")
+    parser.add_argument("--whiten", default=None, metavar="SOURCE",
+                        help="append BERT-whitening (Su et al., 2021) after the pooling, as sentence-transformers' "
+                             "Dense module, μ and W fitted on SOURCE: nli (corpora/nli_for_simcse.csv of the data "
+                             "directory) or a corpus file (one sentence a line, or an NLI csv)")
+    parser.add_argument("--whiten-dim", type=int, default=None, metavar="K",
+                        help="keep K whitened dimensions (the paper's 256 or 384; default: all)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP + " (for --whiten nli)")
     return parser
 
 
@@ -86,12 +97,36 @@ def export(options: argparse.Namespace) -> None:
     silence_known_noise()
     check_export_folder(options.out_dir)
     results = read_results(options.results) if options.results else None
+    sentences = whitening_sentences(options)  # a missing source: before the model loads
     # the base loads unquantized: a QLoRA run's adapters merge into (or ride on) the full-precision base
-    method = load_method(options.checkpoint, trust_checkpoint=options.trust_checkpoint, load_in_4bit=False)
+    method = load_method(options.checkpoint, options.pooler, trust_checkpoint=options.trust_checkpoint,
+                         load_in_4bit=False)
     facts = run_facts(options.checkpoint, options.trust_checkpoint) if options.checkpoint.endswith(".ckpt") else None
-    folder = write_export(method, options.out_dir, facts, results, adapter_only=options.adapter_only)
+    whitening = None
+    if sentences is not None:
+        from .evaluation.whitening import fit_whitening
+
+        embeddings = method.encode(sentences, label=f"whitening: {len(sentences):,} sentences")
+        whitening = options.whiten, fit_whitening(embeddings, options.whiten_dim, options.whiten)
+    folder = write_export(method, options.out_dir, facts, results, adapter_only=options.adapter_only,
+                          whitening=whitening)
     print(f"exported to {folder} (AutoModel.from_pretrained and SentenceTransformer both load it; "
           f"model card: {folder / 'README.md'})")
+
+
+def whitening_sentences(options: argparse.Namespace) -> list[str] | None:
+    """The sentences `sentemb export --whiten` fits on, or None without it."""
+    if options.whiten is None:
+        if options.whiten_dim is not None:
+            raise SentEmbUserError("--whiten-dim applies to a whitening: add --whiten nli|FILE")
+        return None
+    if options.whiten == "task":
+        raise SentEmbUserError("sentemb export --whiten task: an export serves every task, so it is whitened once: "
+                               "--whiten nli or --whiten FILE (`sentemb evaluate --whiten task` scores each task's "
+                               "own)")
+    from .evaluation.whitening import source_sentences
+
+    return source_sentences(options.whiten, options.data_dir)
 
 
 # ----- data --------------------------------------------------------------------------------------
@@ -170,11 +205,16 @@ def reproduce_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="sentemb reproduce", description="Fit once per seed, test, aggregate.",
         usage="sentemb reproduce (--method M | -c FILE ...) [--seeds N|a,b,c] [--paper NAME] [--mteb-sts] [--root DIR] "
-              "[-- FIT ARGS ...]  |  sentemb reproduce --list-papers",
+              "[-- FIT ARGS ...]  |  sentemb reproduce --list-papers  |  sentemb reproduce --table PAPER [--runs DIR]",
         epilog="Arguments after `--` are appended to every seed's `sentemb fit` "
                "(e.g. -- -c experiments/trainer/a100.yaml or -- --trainer.max_steps=50).",
     )
     parser.add_argument("--list-papers", action="store_true", help="print the published rows and their sources")
+    parser.add_argument("--table", choices=["conpvp", "dcpcse", "clusterns"],
+                        help="print that seed paper's main STS table in its order, with our mean ± std beside each "
+                             "row where a reproduce run is under --runs, else the command that reproduces it")
+    parser.add_argument("--runs", default="out/reproduce", help="where --table looks for the runs "
+                        "(RUNS/<config>/reproduce.json, the default --root of each run; default out/reproduce)")
     parser.add_argument("--paper", default=None, help="the published row to compare with (default: the config's "
                         "own, for the paper configs of experiments/; --list-papers names them)")
     parser.add_argument("--method", help="runs experiments/METHOD.yaml")
@@ -187,6 +227,12 @@ def reproduce_parser() -> ArgumentParser:
 
 
 def reproduce(options: argparse.Namespace, fit_args: list[str]) -> None:
+    if options.table or options.list_papers:  # printed from the rows alone: no torch, under a second
+        from .papers import format_papers
+        from .seed_tables import format_seed_table
+
+        print(format_seed_table(options.table, Path(options.runs)) if options.table else format_papers())
+        return
     from .reproduce import reproduce_command
 
     reproduce_command(options, fit_args)

@@ -85,14 +85,20 @@ class Embedder:
     size: int
 
 
+# the folder name (`<index>_Whitening`) of the Dense module that `sentemb export --whiten` appends
+# (`export.whitening.WHITENING_MODULE`, which sits above and cannot be imported here)
+WHITENING_MODULE = "Whitening"
+
+
 def is_our_export(path: str) -> bool:
-    """A `sentemb export` folder whose first module is ours (a template or a prefix): only
-    sentence-transformers with that module reproduces its embedding; `SimCSE(path)` would drop it."""
+    """A `sentemb export` folder with a module of ours (a template, a prefix, BERT-flow's flow) or a
+    whitening: only sentence-transformers with those modules reproduces its embedding; `SimCSE(path)`
+    would drop them."""
     modules = Path(path) / "modules.json"
     if not modules.is_file():
         return False
-    entries = json.loads(modules.read_text())
-    return bool(entries) and entries[0].get("type", "").startswith("lightning_sentemb.")
+    return any(entry.get("type", "").startswith("lightning_sentemb.")
+               or entry.get("path", "").endswith(f"_{WHITENING_MODULE}") for entry in json.loads(modules.read_text()))
 
 
 def load_embedder(

@@ -82,14 +82,17 @@ def truncated(encode: Encode, dim: int) -> Encode:
 
 
 def memoized(encode: Encode) -> Encode:
-    """`encode` that keeps the embeddings of each list of sentences it was given, so scoring several
-    truncations encodes each evaluation set once (keyword arguments such as a progress label aside)."""
-    cache: dict[tuple[str, ...], Tensor] = {}
+    """`encode` that keeps the embedding of every sentence it was given, so scoring several truncations
+    (or a whitening beside the model itself) encodes each sentence once, whatever lists it comes in
+    (keyword arguments such as a progress label aside)."""
+    cache: dict[str, Tensor] = {}
 
     def cached(sentences: Sequence[str], **kwargs) -> Tensor:
-        key = tuple(sentences)
-        if key not in cache:
-            cache[key] = encode(list(sentences), **kwargs)
-        return cache[key]
+        if not sentences:
+            return encode([], **kwargs)
+        unseen = [s for s in dict.fromkeys(sentences) if s not in cache]
+        if unseen:
+            cache.update(zip(unseen, encode(unseen, **kwargs), strict=True))
+        return torch.stack([cache[s] for s in sentences])
 
     return cached

@@ -21,6 +21,7 @@ the command stops there in one line naming the task.
 from __future__ import annotations
 
 import argparse
+import difflib
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from .console import disk_usage_line
 from .errors import SentEmbUserError
 from .evaluation.sts import SHORT_NAMES, format_table
 from .lightning_cli import keep_best_only, lightning_main
-from .papers import PAPERS, TASKS, PaperRow, format_papers, paper_for_config, spread_of
+from .papers import PAPERS, TASKS, PaperRow, paper_for_config, spread_of
 
 EXPERIMENTS = Path("experiments")
 # MTEB's names of SentEval's seven STS tasks, in the papers' order (`papers.TASKS`)
@@ -135,8 +136,10 @@ def paper_row(name: str | None, files: Sequence[str]) -> PaperRow | None:
     under `experiments/`, else None."""
     if name is not None:
         if name not in PAPERS:
-            raise SentEmbUserError(f"sentemb reproduce --paper {name}: no such published row; choose from "
-                                   f"{', '.join(PAPERS)} (sentemb reproduce --list-papers)")
+            close = difflib.get_close_matches(name, PAPERS, n=3)
+            raise SentEmbUserError(f"sentemb reproduce --paper {name}: no such published row"
+                                   + (f"; did you mean {', '.join(close)}?" if close else "")
+                                   + " (`sentemb reproduce --list-papers` lists them)")
         return PAPERS[name]
     try:
         config = Path(files[0]).resolve().relative_to(EXPERIMENTS.resolve())
@@ -228,10 +231,7 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: P
 
 def reproduce_command(options: argparse.Namespace, overrides: list[str]) -> None:
     """`sentemb reproduce (--method M | -c FILE ...) --seeds N [--paper NAME] [--root DIR] [-- fit overrides]`
-    or `sentemb reproduce --list-papers` (parsed by `cli`)."""
-    if options.list_papers:
-        print(format_papers())
-        return
+    (parsed by `cli`, which prints `--list-papers` and `--table` itself)."""
     # every run's arguments are passed to LightningCLI on purpose, beside this command's own sys.argv
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
     files = config_files(options.method, options.config)

@@ -27,7 +27,16 @@ from lightning_sentemb.encoders.packed import SENTEMB_ATTENTION, TokenLayout
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import (
+    DCPCSE,
+    BERTFlow,
+    ClusterNS,
+    ClusterNSPrefix,
+    ClusterNSPrompt,
+    ConPVP,
+    PromptBERT,
+    SimCSE,
+)
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
@@ -361,6 +370,7 @@ EXPORTED = {
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
     "ConSERT": lambda path: build_method(ConSERT, path, augmentations=["token_cutoff", "dropout"]),
+    "BERTFlow": lambda path: build_method(BERTFlow, path, flow_levels=2, flow_depth=2),  # the first-last average
 }
 
 

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.encoders.kernels import aligned_attention, math_attention
 from lightning_sentemb.encoders.layout import TokenLayout
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import DCPCSE, BERTFlow, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -30,6 +30,7 @@ METHODS = {
     "dcpcse_shifted": lambda b: build_method(DCPCSE, b, pooler="avg", prefix_len=3),
     "dcpcse_zero_first_last": lambda b: build_method(DCPCSE, b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
     "clusterns": lambda b: build_method(ClusterNS, b, pooler="cls", num_clusters=2, sigma=1.0),
+    "flow_first_last": lambda b: build_method(BERTFlow, b, flow_levels=2, flow_depth=2, flow_coupling_width=4),
 }
 
 

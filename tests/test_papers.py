@@ -1,33 +1,64 @@
 """The published rows are the papers' own numbers, each paper config maps to its row, and the
 comparison `sentemb reproduce` prints subtracts the right things."""
 
+import json
 import re
+
 import pytest
 
 from lightning_sentemb.cli import main
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.papers import PAPERS, TASKS, paper_for_config, spread_of
 from lightning_sentemb.reproduce import compare_to_paper, format_comparison, paper_row
+from lightning_sentemb.seed_tables import TABLES, format_seed_table
 
 from .conftest import REPO
 
 PAPERS_DIR = REPO.parent / "shared" / "papers"
 SEED_METHOD_AVERAGES = {"simcse": 76.25, "promptbert": 78.54, "conpvp": 78.85, "dcpcse": 78.49, "clusterns": 77.55}
+# Configs of the rows of methods built on sibling branches (issues 40 and 41), merged with this one by the
+# lead: while one is absent the check below lets it be; once all exist, delete this set.
+BUILT_ELSEWHERE = {"consert", "consert_bert_large", "consert_sup", "esimcse", "esimcse_bert_large",
+                   "esimcse_roberta_base", "esimcse_roberta_large", "mixcse_bert_large", "dclr_bert_large",
+                   "dclr_roberta_base", "sncse", "sncse_bert_large", "sncse_roberta_base", "scpcse", "sbert_sup"}
+# Published averages further than rounding from the mean of their printed tasks, as the seed text prints them:
+# SBERT's average is of unrounded scores; DCPCSE's copy of sup-SimCSE-BERT-large reads STS15 86.60 (86.06
+# averages to its 82.21).
+OFF_THE_MEAN = {"sbert": 0.04, "simcse_sup_bert_large": 0.08}
 
 
 def paper_text(file: str) -> str:
     path = PAPERS_DIR / file
     if not path.is_file():
         pytest.skip(f"{path} absent (the seed papers' text)")
-    return " ".join(path.read_text().split())  # tables are tab- or space-separated, on one line or several
+    # tables are tab- or space-separated, on one line or several; ClusterNS's bolds its best scores
+    return " ".join(re.sub(r"</?b>", "", path.read_text()).split())
 
 
 @pytest.mark.parametrize("name", [name for name, row in PAPERS.items() if row.seed_paper_file])
 def test_row_is_printed_in_the_seed_paper(name):
-    """The eight numbers, in the table's order, appear together in the paper's text."""
+    """The eight numbers, in the table's order, appear together in the paper's text, and in the text of
+    every seed table that lists the row."""
     row = PAPERS[name]
     numbers = " ".join(f"{row.scores[task]:.2f}" for task in TASKS)
     assert numbers in paper_text(row.seed_paper_file)
+    for table in TABLES.values():
+        if name in table.rows:
+            assert numbers in paper_text(table.file), table.file
+
+
+def test_garbled_copies_are_in_the_text_and_the_row_is_the_clean_one():
+    """ClusterNS's extraction prints some rows again with other averages: each listed one follows the row's
+    seven task scores somewhere in the text, and the row's own is the mean of its tasks."""
+    text = re.sub(r"</?b>", "", (PAPERS_DIR / "clusterns_deng2023.txt").read_text()) if PAPERS_DIR.is_dir() else None
+    if text is None:
+        pytest.skip("the seed papers' text is absent")
+    for row in PAPERS.values():
+        tasks = r"\s*".join(re.escape(f"{row.scores[t]:.2f}") for t in TASKS[:-1])
+        printed = set(re.findall(tasks + r"\s*(\d+\.\d\d)", text))
+        assert set(row.disagreeing_copies) <= printed, row.name
+        if row.disagreeing_copies:
+            assert printed - {f"{row.scores['avg']:.2f}"} == set(row.disagreeing_copies), row.name
 
 
 def test_the_five_seed_methods_average_as_their_papers_say():
@@ -43,14 +74,29 @@ def test_each_average_is_the_mean_of_its_tasks_to_rounding():
     unrounded scores)."""
     for row in PAPERS.values():
         tasks = [row.scores[t] for t in TASKS[:-1]]
-        assert abs(sum(tasks) / len(tasks) - row.scores["avg"]) <= 0.02, row.name
+        assert abs(sum(tasks) / len(tasks) - row.scores["avg"]) <= OFF_THE_MEAN.get(row.name, 0.02), row.name
+
+
+def test_every_row_of_a_seed_table_says_how_it_is_reproduced():
+    for table in TABLES.values():
+        for name in table.rows:
+            row = PAPERS[name]
+            assert bool(row.configs) + bool(row.command) + bool(row.missing) == 1, name
+    assert PAPERS["glove"].how_to_reproduce.startswith("not implemented (")
+    assert PAPERS["conpvp"].how_to_reproduce == "sentemb reproduce --method conpvp --seeds 4"
+    assert PAPERS["dcpcse"].how_to_reproduce == "sentemb reproduce --method dcpcse --seeds 10"
+    assert PAPERS["bert_first_last_avg"].how_to_reproduce == (
+        "sentemb evaluate --model bert-base-uncased --pooler avg_first_last")
 
 
 def test_every_paper_config_exists_and_maps_to_its_row():
+    absent = set()
     for row in PAPERS.values():
         for config in row.configs:
-            assert (REPO / "experiments" / f"{config}.yaml").is_file()
-            assert paper_for_config(config) is row
+            if not (REPO / "experiments" / f"{config}.yaml").is_file():
+                absent.add(config)
+            assert paper_for_config(config) is (PAPERS[row.system] if row.system else row)
+    assert absent <= BUILT_ELSEWHERE
     assert paper_for_config("demo/simcse") is None
     assert paper_for_config("llm/prompteol_nli") is None  # Qwen2-0.5B: no published row
 
@@ -60,8 +106,11 @@ def test_paper_row_by_name_by_config_or_none(monkeypatch):
     assert paper_row(None, ["experiments/dcpcse.yaml", "experiments/trainer/a100.yaml"]) is PAPERS["dcpcse"]
     assert paper_row(None, ["experiments/demo/simcse.yaml"]) is None
     assert paper_row("simcse", ["experiments/demo/simcse.yaml"]) is PAPERS["simcse"]
-    with pytest.raises(SentEmbUserError, match="--paper nope: no such published row; choose from simcse"):
+    with pytest.raises(SentEmbUserError, match="--paper nope: no such published row .`sentemb reproduce --list-papers"):
         paper_row("nope", ["experiments/demo/simcse.yaml"])
+    with pytest.raises(SentEmbUserError,
+                       match="--paper simcse_larg: no such published row; did you mean simcse_bert_large, "):
+        paper_row("simcse_larg", ["experiments/demo/simcse.yaml"])
 
 
 def reproduced(offset_0: float, offset_1: float) -> dict[int, dict[str, float]]:
@@ -119,3 +168,39 @@ def test_a_run_on_other_tasks_is_not_judged_on_its_average():
     comparison = compare_to_paper(row, partial)
     assert list(comparison["tasks"]) == ["STSBenchmark", "avg"] and comparison["within_spread"] is None
     assert "Avg.: not compared" in format_comparison(row, comparison, 2)
+
+
+def test_seed_table_in_the_papers_order_with_runs_commands_and_other_quotes(tmp_path, capsys):
+    """`sentemb reproduce --table`: ours beside a row where a run is, its command where none is, "not
+    implemented" for GloVe, and PromptBERT-large's other figures (ConPVP's run) below ClusterNS's."""
+    for config in ("clusterns", "conpvp"):  # a single-run row and a best-of-4 row
+        run = tmp_path / "runs" / config
+        run.mkdir(parents=True)
+        run.joinpath("reproduce.json").write_text(json.dumps({
+            "seeds": {"0": {"avg": 77.0}, "1": {"avg": 77.5}}, "mean": {"avg": 77.25}, "std": {"avg": 0.35355},
+            "best_seed": 1}))
+    main(["reproduce", "--table", "clusterns", "--runs", str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    labels = [line.split(" | ")[0][2:] for line in out.splitlines() if line.startswith("| ") and "↳" not in line]
+    table = TABLES["clusterns"]
+    assert labels == ["Model", *(label for heading, rows in table.sections
+                                 for label in (f"**{heading}**", *(label for label, _ in rows)))]
+    assert (f"| *ClusterNS-BERT-base | 69.93 | 83.57 | 76.00 | 82.44 | 80.01 | 78.85 | 72.03 | 77.55 | "
+            f"77.25 ± 0.35 (2 seeds; {tmp_path / 'runs' / 'clusterns'}) |") in out
+    assert f"| 78.85 | 77.25 ± 0.35 (2 seeds, best 77.50; {tmp_path / 'runs' / 'conpvp'}) |" in out
+    assert "| GloVe embeddings | 55.14 |" in out and "not implemented (averaged static GloVe" in out
+    assert "| 81.58 | 69.53 | 78.72 | `sentemb reproduce --method clusterns_prompt --seeds 5` |" in out
+    assert "| 56.70 | `sentemb evaluate --model bert-base-uncased --pooler avg_first_last` |" in out
+    assert "| ↳ PromptBERT-BERT-large (ConPVP's run), as Zeng et al. (2022), ConPVP, Table 3 | 71.55 |" in out
+    assert "ClusterNS's garbled copies also print Avg. 76.23" in out
+    assert "| ↳ PromptBERT-BERT-large, as Deng et al. (2023)" in format_seed_table("conpvp")
+
+
+def test_seed_table_prints_without_importing_torch():
+    """What makes `sentemb reproduce --table clusterns` print in well under 5 s offline: no torch, no model."""
+    from tests.test_conventions import IMPORTS_AFTER, run_python
+
+    result = run_python(IMPORTS_AFTER.format(args=["reproduce", "--table", "clusterns"]))
+    assert result.stdout.startswith("ClusterNS Table 1 (Deng et al., 2023)")
+    assert result.stdout.splitlines()[-1] == "torch imported: False"
+

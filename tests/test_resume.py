@@ -33,6 +33,7 @@ METHODS = {
     "consert": ["--model", "lightning_sentemb.methods.ConSERT", "--model.augmentations", "[dropout, shuffle]",
                 "--model.lr", "1e-4"],
     "sncse": ["--model", "lightning_sentemb.methods.SNCSE", "--data.negate", "lexicon"],
+    "flow": ["--model", "lightning_sentemb.methods.BERTFlow", "--model.flow_levels", "2", "--model.flow_depth", "2"],
 }
 
 
@@ -115,7 +116,7 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
                          [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns",
-                                                           "consert")),
+                                                           "consert", "flow")),
                           *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):
@@ -129,6 +130,8 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
     assert saved["global_step"] == KILL_AT
     if method == "clusterns":
         assert bool(saved["state_dict"]["cluster_state.initialized"])  # the resume carries live centroids
+    if method == "flow":  # the flow started from the first batch, and is not started again on resume
+        assert bool(saved["state_dict"]["flow.initialized"])
     fit([*args, "--data.num_workers", str(resume_workers), "--ckpt_path", "last"], tmp_path / "losses.jsonl")
     assert read_losses(tmp_path / "losses.jsonl") == expected_losses  # float equality: bit for bit
     assert sorted(expected_losses) == list(range(1, MAX_STEPS + 1))

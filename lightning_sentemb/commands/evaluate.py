@@ -16,6 +16,7 @@ from . import TRUST_HELP, ArgumentParser
 
 if TYPE_CHECKING:
     from ..evaluation.suite import SuitePlan
+    from ..loading import Embedder
 
 
 def evaluate_parser() -> ArgumentParser:
@@ -51,6 +52,13 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--dims", type=parse_dims, default=None,
                         help="comma-separated sizes, e.g. 64,256: also score the Matryoshka truncations (the first d "
                              "dimensions, re-normalized), one row each (`MODEL @d`); the model is encoded once")
+    parser.add_argument("--whiten", default=None, metavar="SOURCE",
+                        help="BERT-whitening (Su et al., 2021): also score each model whitened, one more row "
+                             "(`MODEL whitened (SOURCE)`), μ and W fitted on SOURCE: task (each STS task on its own "
+                             "sentences), nli (corpora/nli_for_simcse.csv of the data directory) or a corpus file "
+                             "(one sentence a line, or an NLI csv)")
+    parser.add_argument("--whiten-dim", type=int, default=None, metavar="K",
+                        help="keep K whitened dimensions (the paper's 256 or 384; default: all)")
     return parser
 
 
@@ -67,6 +75,7 @@ def evaluate(options: argparse.Namespace) -> None:
     evaluators = parse_evaluators(options.tasks or ("" if options.mteb else "sts"))  # a typo costs no seconds
     if options.max_examples is not None and options.max_examples < 1:
         raise SentEmbUserError(f"--max-examples {options.max_examples}: give a positive number of examples")
+    check_whitening_options(options, evaluators)
 
     from ..atomic_io import atomic_write_bytes
     from ..evaluation.report import encode_results, model_labels, write_report
@@ -83,6 +92,11 @@ def evaluate(options: argparse.Namespace) -> None:
         check_writable(results_file, "--output")
     plan = SuitePlan.load(evaluators, options.data_dir, options.max_examples)  # missing data: before any model loads
     mteb_tasks = mteb_plan(options.mteb)
+    whitening_sentences = None
+    if options.whiten not in (None, "task"):
+        from ..evaluation.whitening import source_sentences
+
+        whitening_sentences = source_sentences(options.whiten, options.data_dir)
     if evaluators:
         print(plan.describe() + f"\n  for {len(options.model)} model(s)", flush=True)
     device = options.device or ("cuda" if _cuda() else "cpu")
@@ -92,7 +106,7 @@ def evaluate(options: argparse.Namespace) -> None:
         """Keep every finished task on disk: a later failure or a Ctrl-C must not discard it."""
         results[label] = dict(partial)
         if results_file is not None:
-            one_model = len(options.model) == 1 and not options.dims
+            one_model = len(options.model) == 1 and not options.dims and not options.whiten
             atomic_write_bytes(results_file, encode_results(results[label] if one_model else results))
 
     try:
@@ -103,19 +117,23 @@ def evaluate(options: argparse.Namespace) -> None:
             encode = embedder.encode
             if index == 0 and evaluators:
                 print(encoding_estimate(encode, plan, options.batch_size, len(options.model)), flush=True)
-            if options.dims:  # every truncation reads the one encoding of each sentence list
-                check_dims(options.dims, embedder.size, "--dims")
+            if options.dims or options.whiten:  # every variant reads the one encoding of each sentence
                 encode = memoized(encode)
-            for dim in [None, *(options.dims or ())]:
-                name = label if dim is None else f"{label} @{dim}"
-                served = Embedder(encode, embedder.size) if dim is None else Embedder(truncated(encode, dim), dim)
+            # (row name, embedder, plan, what the results record of the variant)
+            variants = [(label, Embedder(encode, embedder.size), plan, {})]
+            if options.whiten:
+                variants.append(whitened_variant(label, encode, embedder, plan, options, whitening_sentences))
+            if options.dims:
+                check_dims(options.dims, embedder.size, "--dims")
+                variants += [(f"{label} @{dim}", Embedder(truncated(encode, dim), dim), plan, {"dim": dim})
+                             for dim in options.dims]
+            for name, served, variant_plan, marks in variants:
                 suite_results = evaluate_suite(
-                    served.encode, plan, options.data_dir,
+                    served.encode, variant_plan, options.data_dir,
                     (report_dir or Path(".")) / "figures", name=name, aggregation=options.aggregation,
-                    on_result=lambda partial, name=name, dim=dim: save(name, partial if dim is None else {**partial, "dim": dim}),
+                    on_result=lambda partial, name=name, marks=marks: save(name, {**partial, **marks}),
                 )
-                if dim is not None:
-                    suite_results["dim"] = dim
+                suite_results.update(marks)
                 if mteb_tasks:
                     run_mteb(served, name, mteb_tasks, options.batch_size,
                              lambda scores, name=name, done=suite_results: save(name, {**done, "mteb": scores}))
@@ -137,6 +155,44 @@ def evaluate(options: argparse.Namespace) -> None:
         print(f"report: {written['markdown']}")
     elif results_file is not None:
         print(f"results: {results_file}")
+
+
+def check_whitening_options(options: argparse.Namespace, evaluators: list[str]) -> None:
+    """`--whiten` and `--whiten-dim` that cannot work: one line, before any data or model loads."""
+    if options.whiten_dim is not None and not options.whiten:
+        raise SentEmbUserError("--whiten-dim applies to a whitening: add --whiten task|nli|FILE")
+    if options.whiten and options.dims:
+        raise SentEmbUserError("--whiten with --dims: the whitened dimensions are chosen by --whiten-dim K (the "
+                               "paper's 256 or 384), not truncated; drop --dims")
+    if options.whiten == "task" and (options.mteb or set(evaluators) - {"sts"}):
+        raise SentEmbUserError("--whiten task fits each STS task on its own sentences; for transfer, clustering, "
+                               "analysis or --mteb fit once on a corpus: --whiten nli or --whiten FILE")
+
+
+def whitened_variant(label: str, encode: Callable, embedder: Embedder, plan: SuitePlan, options: argparse.Namespace,
+                     sentences: list[str] | None) -> tuple[str, Embedder, SuitePlan, dict]:
+    """The whitened row of a model: (name, embedder, plan, results marks), fitted on the source's sentences
+    now (their own encoding, not kept), or on each STS task's own (`--whiten task`)."""
+    from dataclasses import replace
+
+    from ..evaluation.whitening import fit_whitening, self_whitened, whitened
+    from ..loading import Embedder
+
+    k = options.whiten_dim
+    if k is not None and not 0 < k <= embedder.size:
+        raise SentEmbUserError(f"--whiten-dim {k}: choose 1 to {embedder.size}, the model's embedding size")
+    name = f"{label} whitened ({Path(options.whiten).name}{'' if k is None else f', {k}d'})"
+    marks = {"whitened": {"source": options.whiten, "dim": k or embedder.size}}
+    if sentences is None:  # task: each STS task's own sentences, the fewest first checked
+        fewest = min(len(set(task.first + task.second)) for task in plan.sts)
+        if fewest <= (k or embedder.size):
+            raise SentEmbUserError(f"--whiten task: a task has {fewest} distinct sentences for {k or embedder.size} "
+                                   "whitened dimensions; whitening needs more sentences than dimensions: set "
+                                   f"--whiten-dim below {fewest}, or fit on a corpus (--whiten nli|FILE)")
+        return name, Embedder(self_whitened(encode, k), k or embedder.size), replace(plan, sts_per_task=True), marks
+    embeddings = embedder.encode(sentences, label=f"{label} · whitening: {len(sentences):,} sentences")
+    whitening = fit_whitening(embeddings, k, options.whiten)
+    return name, Embedder(whitened(encode, whitening), whitening.kernel.shape[1]), plan, marks
 
 
 def mteb_plan(spec: str | None) -> list:

@@ -43,16 +43,19 @@ def evaluate_sts(
     encode: Callable[[list[str]], torch.Tensor],
     tasks: Sequence[StsTask],
     aggregation: str = "all",
+    per_task: bool = False,
 ) -> dict[str, float]:
-    """{task: Spearman ×100, ..., 'avg': mean over tasks}. Each distinct sentence is encoded once."""
-    sentences = list(dict.fromkeys(s for task in tasks for s in task.first + task.second))
-    embeddings = encode(sentences)
-    row = {s: i for i, s in enumerate(sentences)}
+    """{task: Spearman ×100, ..., 'avg': mean over tasks}. Each distinct sentence is encoded once, all in
+    one call of `encode`, or with `per_task` one call per task (a whitening fitted on each task's own)."""
     scores: dict[str, float] = {}
-    for task in tasks:
-        first = embeddings[[row[s] for s in task.first]]
-        second = embeddings[[row[s] for s in task.second]]
-        scores[task.name] = sts_correlations(pair_cosines(first, second), task.gold, task.subsets)[aggregation]
+    for group in ([task] for task in tasks) if per_task else [tasks]:
+        sentences = list(dict.fromkeys(s for task in group for s in task.first + task.second))
+        embeddings = encode(sentences)
+        row = {s: i for i, s in enumerate(sentences)}
+        for task in group:
+            first = embeddings[[row[s] for s in task.first]]
+            second = embeddings[[row[s] for s in task.second]]
+            scores[task.name] = sts_correlations(pair_cosines(first, second), task.gold, task.subsets)[aggregation]
     scores["avg"] = float(np.mean(list(scores.values())))
     return scores
 

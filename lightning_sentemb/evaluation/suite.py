@@ -58,6 +58,8 @@ class SuitePlan:
     analysis_pairs: StsTask | None = None
     # the folds of MR, CR, SUBJ, MPQA (and of picking C); validation takes `data.val_transfer_kfold`
     transfer_kfold: int = SENTEVAL_KFOLD
+    # each STS task encoded by its own call (`evaluate --whiten task`: each task whitened by its own fit)
+    sts_per_task: bool = False
 
     @classmethod
     def load(cls, evaluators: Sequence[str], data_dir: str | os.PathLike | None = None,
@@ -147,7 +149,7 @@ def evaluate_suite(
     if plan.max_examples:
         results["max_examples"] = plan.max_examples
     if "sts" in plan.evaluators:
-        finished("sts", evaluate_sts(labelled("sts"), plan.sts, aggregation))
+        finished("sts", evaluate_sts(labelled("sts"), plan.sts, aggregation, plan.sts_per_task))
     for task, splits in plan.transfer.items():
         done = evaluate_transfer_splits(numpy("transfer"), task, splits, kfold=plan.transfer_kfold,
                                         few_shot="fewshot" in plan.evaluators)

@@ -28,6 +28,7 @@ from .model_card import RunFacts, is_ours, model_card
 from .plain import write_json, write_plain_export, write_pooling_modules
 
 if TYPE_CHECKING:
+    from ..evaluation.whitening import Whitening
     from .protocol import ExportableMethod
 
 __all__ = ["ExportFolderNotEmptyError", "check_export_folder", "export", "write_method_folder", "write_plain_export",
@@ -55,13 +56,15 @@ def export(
     facts: RunFacts | None = None,
     results: dict[str, Any] | None = None,
     adapter_only: bool = False,
+    whitening: tuple[str, Whitening] | None = None,
 ) -> Path:
     """Write the export, with its model card (`model_card`: `facts` of the checkpoint's run and
     `sentemb evaluate` `results` add their scores), into a staging folder beside `out_dir` and
     rename it into place only when complete (a kill leaves no `out_dir`, never a half-written one);
     folder and files get the permissions `cp` would give them under the umask. LoRA adapters are
     merged into the backbone, or with `adapter_only` written as peft's adapter folder (the base model
-    named, not copied)."""
+    named, not copied). `whitening` (its source, its fit) appends BERT-whitening after the pooling
+    (`export.whitening`)."""
     out_dir = check_export_folder(out_dir)
     check_exportable(type(method))
     with atomic_directory(out_dir) as staging:
@@ -73,7 +76,13 @@ def export(
         if method.hparams.get("matryoshka_dims"):
             write_json(staging / "config_sentence_transformers.json",
                        {"similarity_fn_name": "cosine", "matryoshka_dims": list(method.hparams.matryoshka_dims)})
-        (staging / "README.md").write_text(model_card(method, staging, out_dir.name, facts, results))
+        card = model_card(method, staging, out_dir.name, facts, results)
+        if whitening is not None:
+            from .whitening import append_whitening, whitening_card
+
+            append_whitening(staging, whitening[1])
+            card += whitening_card(*whitening)
+        (staging / "README.md").write_text(card)
     return out_dir
 
 
@@ -84,10 +93,13 @@ def write_method_folder(method: ExportableMethod, folder: Path, adapter_only: bo
         from .template import write_template_export as write
     elif method.export_format == "prefix":
         from .prefix import write_prefix_export as write
+    elif method.export_format == "flow":
+        from .flow import write_flow_export as write
     elif method.export_format == "plain":
         write = write_plain_export
     else:
-        raise ValueError(f"{type(method).__name__}.export_format {method.export_format!r}: not plain, template or prefix")
+        raise ValueError(f"{type(method).__name__}.export_format {method.export_format!r}: not plain, template, prefix "
+                         "or flow")
     write(method, folder, adapter_only)
 
 

@@ -116,6 +116,17 @@ PAPERS = {
   url = {https://aclanthology.org/2021.acl-long.393}
 }""",
     ),
+    "BERTFlow": Paper(
+        "On the Sentence Embeddings from Pre-trained Language Models (Li et al., EMNLP 2020)",
+        "https://aclanthology.org/2020.emnlp-main.733",
+        """@inproceedings{li2020bertflow,
+  title = {On the Sentence Embeddings from Pre-trained Language Models},
+  author = {Li, Bohan and Zhou, Hao and He, Junxian and Wang, Mingxuan and Yang, Yiming and Li, Lei},
+  booktitle = {Proceedings of the 2020 Conference on Empirical Methods in Natural Language Processing},
+  year = {2020},
+  url = {https://aclanthology.org/2020.emnlp-main.733}
+}""",
+    ),
 }
 
 # model-index datasets: STS tasks as MTEB names them on the hub, transfer tasks as SentEval does
@@ -167,7 +178,7 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
         raise SentEmbUserError(f"--results {file}: scores of a quick look capped at {capped} examples per task "
                                "(--max-examples), not for a model card; evaluate without --max-examples")
     if not {"sts", "transfer", "clustering"} & set(results):  # several models: {label: results}
-        full = {label: r for label, r in results.items() if "dim" not in r}
+        full = {label: r for label, r in results.items() if "dim" not in r and "whitened" not in r}
         if len(full) != 1:
             raise SentEmbUserError(f"--results {file} holds {len(full)} models ({', '.join(full)}); "
                                    "evaluate this checkpoint alone and pass its results")
@@ -283,6 +294,10 @@ def _embedding_lines(method: ExportableMethod) -> list[str]:
         lines.append(f"- Template: `{templates[0].text}`{denoise}.")
     if "prefix_len" in hp:
         lines.append(f"- A trained deep prefix of {hp.prefix_len} vectors per layer on the frozen backbone.")
+    if "flow_levels" in hp:
+        lines.append(f"- A normalizing flow (Glow, {hp.flow_levels} levels of {hp.flow_depth} steps, "
+                     f"{hp.flow_coupling} couplings) after the pooling of the frozen backbone: the embedding is its "
+                     "latent.")
     return lines
 
 

@@ -86,3 +86,16 @@ def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[
         save_file({"linear.weight": linear.weight.detach().contiguous(), "linear.bias": linear.bias.detach().contiguous()},
                   str(folder / path / "model.safetensors"))
     write_json(folder / "modules.json", modules)
+
+
+def append_module(folder: Path, kind: str, module: torch.nn.Module) -> None:
+    """Save a sentence-transformers `module` in `folder/<index>_<kind>` and append it to modules.json,
+    after the pooling (a whitening, BERT-flow's flow)."""
+    modules = json.loads((folder / "modules.json").read_text())
+    path = f"{len(modules)}_{kind}"
+    (folder / path).mkdir()
+    module.save(str(folder / path))
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
+                    "type": f"{type(module).__module__}.{type(module).__qualname__}"})
+    write_json(folder / "modules.json", modules)
+

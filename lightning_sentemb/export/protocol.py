@@ -10,14 +10,15 @@ from torch import nn
 
 from ..encoders.plain import Encoder
 
-ExportFormat = Literal["plain", "template", "prefix"]
+ExportFormat = Literal["plain", "template", "prefix", "flow"]
 
 
 class ExportableMethod(Protocol):
     """A trained method as its export sees it.
 
     `export_format` picks the writer: "plain" (backbone + sentence-transformers' pooling modules),
-    "template" (PromptBERT, ConPVP: `TemplateSentenceEncoder`), "prefix" (DCPCSE: `PrefixedTransformer`).
+    "template" (PromptBERT, ConPVP: `TemplateSentenceEncoder`), "prefix" (DCPCSE: `PrefixedTransformer`),
+    "flow" (BERT-flow: the plain export plus `FlowHead`, which reads the method's `flow`).
     """
 
     export_format: ExportFormat

@@ -6,6 +6,7 @@ from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .consert import ConSERT
 from .dcpcse import DCPCSE
+from .flow import BERTFlow
 from .mntp import MNTP
 from .promptbert import PromptBERT
 from .sbert import SBERT
@@ -14,6 +15,6 @@ from .simcse import SimCSE
 from .sncse import SNCSE
 
 __all__ = [
-    "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "ConSERT",
-    "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
+    "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "BERTFlow", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt",
+    "ConPVP", "ConSERT", "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
 ]
