@@ -21,9 +21,10 @@ still run; the limits add up to the 480 s budget and are capped so that the whol
 3. DDP (`gpu_check_ddp`): one 2-process step on the one GPU with gloo (NCCL refuses two ranks on one
    device), through Lightning's DDP strategy: losses finite, both ranks' weights equal after the step.
 4. bf16 steps (`gpu_check_steps`): every training path of `gpu_check_paths.PATHS` (each method, MNTP, echo,
-   the guide, `bidirectional`, hard negatives, gradient caching, the MLM losses) trained 3 steps in
+   the guide, `bidirectional`, hard negatives, gradient caching, the MLM losses) trained 4 steps in
    `Trainer.fit`, bf16-mixed, as a fit trains it (`training_step`, its logging, the method's callbacks), the
-   last step under CUDA's sync debug mode (`gpu_check_sync`: every host sync, with the line that made it).
+   last two under CUDA's sync debug mode (`gpu_check_sync`: "warn", every host sync with the line that made
+   it, then "error").
    A new method is a row in `gpu_check_paths.PATHS`.
 5. Equivalence (`gpu_check_equivalence`): the padding-free forward against the padded one (`auto`, and the
    nested kernel forced), and gradient caching against the full batch: loss and gradient of one batch,
@@ -64,8 +65,8 @@ BUDGET_S = 480  # the default --budget on a GPU
 REPORT_RESERVE_S = 5  # kept back from the budget to write the report
 # (part, its time limit in seconds on a GPU), in the order they run: what decides whether the GPU path works
 # first, the timings after. Their sum stays within BUDGET_S - REPORT_RESERVE_S (tests/test_gpu_check.py).
-PARTS = [("kernels", 25), ("models", 35), ("ddp", 40), ("bf16_steps", 85), ("equivalence", 55),
-         ("throughput_simcse", 60), ("throughput_decoder_128", 50), ("throughput_prompteol", 40),
+PARTS = [("kernels", 25), ("models", 35), ("ddp", 45), ("bf16_steps", 80), ("equivalence", 60),
+         ("throughput_simcse", 60), ("throughput_decoder_128", 45), ("throughput_prompteol", 40),
          ("throughput_clusterns", 50), ("cuda_tests", 25), ("throughput_4bit", 10)]
 # each part's function: (module, name), imported in the child process that runs it
 PART_FUNCTIONS = {

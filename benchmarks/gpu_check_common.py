@@ -25,7 +25,7 @@ class Sizes:
     batch: int  # throughput
     check_batch: int  # equivalence
     path_batch: int  # the bf16 steps of the training paths
-    path_steps: int  # their steps (the last under the sync recorder)
+    path_steps: int  # their steps (the last two under sync debug)
     chunk: int  # gradient-cache rows per chunk
     steps: int  # timed steps
     warmup: int
@@ -34,7 +34,7 @@ class Sizes:
     lora_r: int
 
 
-FULL = Sizes(batch=64, check_batch=32, path_batch=32, path_steps=3, chunk=16, steps=20, warmup=5, profiled=3,
+FULL = Sizes(batch=64, check_batch=32, path_batch=32, path_steps=4, chunk=16, steps=20, warmup=5, profiled=3,
              ddp_batch=16, lora_r=64)
 SMOKE = Sizes(batch=8, check_batch=8, path_batch=4, path_steps=2, chunk=4, steps=1, warmup=1, profiled=1, ddp_batch=4,
               lora_r=8)

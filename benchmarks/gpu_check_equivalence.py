@@ -71,6 +71,7 @@ def equivalence(ctx: Context) -> dict:
             grads_fast = grads_plain = None
             ctx.free()
             rows.append(row)
+            ctx.keep_rows(rows)
     return outcome(rows)
 
 

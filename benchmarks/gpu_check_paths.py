@@ -1,5 +1,5 @@
 """Every training path of the package, one row each: what `make gpu-check`'s bf16 part trains for a few
-steps in `Trainer.fit` (bf16-mixed), its last step under CUDA's sync debug mode (`gpu_check_steps`).
+steps in `Trainer.fit` (bf16-mixed), the last two under CUDA's sync debug mode (`gpu_check_steps`).
 
 A row is (name, method class, keyword arguments, batch kind, model):
 - kwargs: the method's `model.init_args`, as a config gives them; `From(...)` values are filled in by the

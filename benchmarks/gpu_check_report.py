@@ -14,7 +14,7 @@ TITLES = {
     "kernels": "Attention kernels, forced, against fp32 attention per sentence",
     "cuda_tests": "CUDA tests (`pytest -m cuda`)",
     "models": "Models (random weights, built here)",
-    "bf16_steps": "Every training path in Trainer.fit, bf16-mixed, the last step under sync debug",
+    "bf16_steps": "Every training path in Trainer.fit, bf16-mixed, the last two steps under sync debug",
     "equivalence": "Equivalence of the fast paths on this device",
     "throughput_simcse": "Throughput: SimCSE on bert-base",
     "throughput_prompteol": "Throughput: PromptEOL with LoRA on the Qwen2-0.5B-shaped decoder",
@@ -63,15 +63,16 @@ DESCRIPTIONS = {
                             "the criterion never holds (plain InfoNCE and the σ test every step); after: σ 1, "
                             "clustering starts at the first step.",
     "bf16_steps": "Every training path of `benchmarks/gpu_check_paths.py` (a row each: the method, its options, "
-                  "the batch kind and the model), batch 32, 3 steps of `Trainer.fit` (bf16-mixed, fused AdamW, the "
+                  "the batch kind and the model), batch 32, 4 steps of `Trainer.fit` (bf16-mixed, fused AdamW, the "
                   "method's `training_step` with its logging and its callbacks: what `sentemb fit` runs). Checked: "
                   "loss and trainable weights finite, the trainable tensors updated, the logs an option must write "
-                  "(`mlm_loss`, the guide's `masked_fraction`), clustering running in the last step. `host syncs`: "
-                  "every synchronizing call of the last step (from its `on_train_batch_start`, the batch on the "
-                  "device, to its last `on_train_batch_end`) under `torch.cuda.set_sync_debug_mode(\"warn\")`, "
-                  "with the line that made it (and the line of ours that led there); one fails the row. The first "
-                  "row checks that the recorder sees a deliberate `.item()`. `kernels`: the packed-attention calls "
-                  "per kernel in the 3 steps.",
+                  "(`mlm_loss`, the guide's `masked_fraction`), clustering running in the last step. Steps 3 and 4 "
+                  "run under `torch.cuda.set_sync_debug_mode`, each from its `on_train_batch_start` (the batch on "
+                  "the device) to its last `on_train_batch_end`: step 3 under \"warn\", every synchronizing call "
+                  "listed with the line that made it (and the line of ours that led there); step 4 under "
+                  "\"error\", which raises at the first (the verdict, even where code silences warnings). A sync "
+                  "in either fails the row. The first row checks that both modes catch a deliberate `.item()`. "
+                  "`kernels`: the packed-attention calls per kernel in the 4 steps.",
     "ddp": "`DDPStrategy(parallel_devices=[device, device], process_group_backend='gloo')`, SimCSE on bert-base, "
            "2 steps of 16 sentences per rank; the ranks' weights compared by a (sum, norm) per parameter.",
 }

@@ -1,12 +1,11 @@
 """Host syncs of a training step on CUDA, each with the line that made it: `SyncRecorder`.
 
-torch's sync debug mode "error" raises at the first synchronizing call, which ends the step there and
-names one sync. Mode "warn" lets the step finish and warns at every one (`SYNC_WARNING`, a warning raised
-in the backward's threads is replayed at the end of the backward), so the recorder lists them all: the
-line that made each, and the innermost line of this package on the stack when the sync is made deeper
-(in Lightning, transformers or torch). A step is sync-free when the list is empty, the verdict "error"
-would give, with every offender named at once. On the CPU there is no sync debug mode: the recorder then
-records nothing.
+torch's sync debug mode "warn" lets a step finish and warns at every synchronizing call (`SYNC_WARNING`; a
+warning raised in the backward's threads is replayed at the end of the backward), so the recorder lists
+them all: the line that made each, and the innermost line of this package on the stack when the sync is
+made deeper (in Lightning, transformers or torch). Code that silences warnings would hide its syncs from
+that list, so the verdict comes from mode "error" on the next step, which raises at the first one
+(`raised_sync` names its line). On the CPU there is no sync debug mode: nothing is recorded or raised.
 """
 
 from __future__ import annotations
@@ -64,12 +63,21 @@ def sync_of(stack: list[traceback.FrameSummary]) -> HostSync:
     return HostSync(line(site), line(ours) if ours is not None else None)
 
 
-class SyncRecorder:
-    """Records every host sync between `start()` and `stop()` (CUDA's sync debug mode "warn"), in
-    `syncs`. `cuda` False (the CPU): the warnings hook is installed, no mode is set, nothing is found."""
+def raised_sync(error: BaseException) -> HostSync | None:
+    """The sync that mode "error" raised `error` at (its traceback's lines), or None for another error."""
+    if SYNC_WARNING not in str(error):
+        return None
+    return sync_of(traceback.extract_tb(error.__traceback__))
 
-    def __init__(self, cuda: bool) -> None:
+
+class SyncRecorder:
+    """Between `start()` and `stop()`, CUDA's sync debug mode `mode`: "warn" records every host sync in
+    `syncs`; "error" raises at the first one (`raised_sync`). `cuda` False (the CPU): the warnings hook is
+    installed, no mode is set, nothing is found."""
+
+    def __init__(self, cuda: bool, mode: str = "warn") -> None:
         self.cuda = cuda
+        self.mode = mode
         self.syncs: list[HostSync] = []
         self._catching: Any = None
 
@@ -91,7 +99,7 @@ class SyncRecorder:
         if self.cuda:
             import torch
 
-            torch.cuda.set_sync_debug_mode("warn")
+            torch.cuda.set_sync_debug_mode(self.mode)
 
     def stop(self) -> None:
         """End the recording (again: nothing); the sync debug mode back to "default"."""

@@ -40,8 +40,8 @@ def flash_keep_masks(debug_mask: torch.Tensor, lengths: list[int], key_lengths: 
     """Each sentence's (heads, length, keys) keep mask from the flash op's debug mask: (batch, heads, longest
     query rounded up, longest key run rounded up), sentence b's probabilities from its corner [b, :, 0, 0],
     a dropped one with its sign bit set (flash-attention 2's encoding, as torch's own tests read it)."""
-    return [~torch.signbit(debug_mask[b, :, :length, :keys]) for b, (length, keys) in
-            enumerate(zip(lengths, key_lengths, strict=True))]
+    signs = torch.signbit(debug_mask.float())  # fp32 keeps the sign (and -0.0's)
+    return [~signs[b, :, :length, :keys] for b, (length, keys) in enumerate(zip(lengths, key_lengths, strict=True))]
 
 
 def encode_flash_mask(probs: list[torch.Tensor], keep: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

@@ -116,7 +116,7 @@ def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path, benchmarks):
     assert all("stand-in" in row["result"] and row["dropped share"] > 0 for row in dropout[:3])
     assert all(abs(row["mean output on values 1"] - 1) < row["its tolerance"] < 0.05 for row in dropout[3:])
     steps = parts["bf16_steps"]["rows"]
-    assert "sync recorder" in steps[0]["path"] and steps[0]["result"].startswith("skipped")  # no CUDA
+    assert "deliberate .item()" in steps[0]["path"] and steps[0]["result"].startswith("skipped")  # no CUDA
     assert [row["path"] for row in steps[1:]] == [path.name for path in PATHS]
     assert all(row["result"].startswith("pass") for row in steps[1:]), steps
     assert "aligned" in steps[1]["kernels"] and "mlm_loss" in steps[3]["logged"]
@@ -196,9 +196,13 @@ def test_the_exact_dropout_check_fails_a_flash_op_that_forgets_the_rescale(bench
 
     good = check("varlen", DROPOUT_CASE, torch.device("cpu"), LENGTHS, 8, flash=flash_stand_in)
     assert good["result"] == "pass" and good["forward rel. error"] < 1e-2 and 0 < good["dropped share"] < 0.3
-    bad = check("varlen", DROPOUT_CASE, torch.device("cpu"), LENGTHS, 8, flash=forgets_the_rescale(flash_stand_in))
-    assert bad["result"] == "fail: beyond tolerance of the reference under the op's own mask", bad
-    assert 0.08 < bad["forward rel. error"] < 0.12 and 0.08 < bad["backward rel. error"] < 0.12  # p off
+    bad = check("varlen", DROPOUT_CASE, torch.device("cpu"), LENGTHS, 8, draws=2,
+                flash=forgets_the_rescale(flash_stand_in))
+    assert bad["result"].startswith("fail: beyond tolerance of the reference under the op's own mask; values of 1 "
+                                    "gave 0.") and bad["result"].endswith("the 1/(1-p) rescale?"), bad
+    assert abs(bad["mean output on values 1"] - 0.9) < 0.03  # the checks without a mask follow, and fail it too
+    forward, backward = map(float, bad["own mask: forward, backward rel. error"].split(", "))
+    assert 0.08 < forward < 0.12 and 0.08 < backward < 0.12  # p off
     # the op's encoding: a dropped probability has its sign bit set (-0.0 included), from each sentence's corner
     debug = torch.tensor([[[[0.5, -0.25, 7.0], [-0.0, 0.0, 7.0]]], [[[-0.5, 0.1, 7.0], [7.0, 7.0, 7.0]]]])
     keep = flash_keep_masks(debug, [2, 1], [2, 2])
@@ -224,10 +228,20 @@ def test_the_rescale_check_fails_a_kernel_that_forgets_the_rescale(benchmarks, m
 def test_the_sync_recorder_names_the_line_of_each_sync_and_lets_other_warnings_through(benchmarks) -> None:
     """What torch's sync debug mode "warn" raises at each synchronizing call is recorded with its line (and
     the line of the package that led there); other warnings still reach their handler; after `stop` the
-    warning is no longer recorded."""
+    warning is no longer recorded. Mode "error"'s exception names its line too."""
     import warnings
 
-    from gpu_check_sync import SYNC_WARNING, HostSync, SyncRecorder, sync_of
+    from gpu_check_sync import SYNC_WARNING, HostSync, SyncRecorder, raised_sync, sync_of
+
+    def synchronizing() -> None:
+        raise RuntimeError(SYNC_WARNING)
+
+    try:
+        synchronizing()
+    except RuntimeError as error:
+        raised = raised_sync(error)
+    assert raised.site.startswith("tests/test_gpu_check.py:") and raised.site.endswith(" synchronizing")
+    assert raised_sync(RuntimeError("another error")) is None
 
     recorder, shown = SyncRecorder(cuda=False), []
     with warnings.catch_warnings():
