@@ -43,10 +43,10 @@ def equivalence(ctx: Context) -> dict:
     torch.set_float32_matmul_precision("highest")  # TF32 off: the fp32 rows are fp32
     rows = []
     for precision in ("bf16", "fp32"):
-        for case, build, (comparison, fast, plain) in cases:
+        for index, (case, build, (comparison, fast, plain)) in enumerate(cases):
             row: dict[str, Any] = {"case": case, "comparison": comparison, "precision": precision}
-            if ctx.smoke and precision == "bf16" and "grad_cache_chunk" in fast:
-                continue  # the rehearsal: gradient caching in fp32 only
+            if ctx.smoke and precision == "bf16" and index > 1:
+                continue  # the rehearsal: bf16 (emulated on a CPU without bf16 instructions) on SimCSE only
             if fast.get("kernel") == "nested" and precision == "bf16" and ctx.device.type != "cuda":
                 rows.append({**row, "result": "skipped: on the CPU the nested kernel is torch's bf16 math kernel, "
                                                "checked against fp32 in the kernels part"})
