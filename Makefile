@@ -67,8 +67,8 @@ bench: $(STAMP)
 	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py
 	$(BIN)/python benchmarks/mntp.py
 
-# One command on a CUDA GPU: CUDA tests, a bf16 step of every method, fast paths against plain ones,
-# throughput, 2-process DDP; a report in the folder it prints (benchmarks/gpu_check.py). ARGS: e.g. --budget 300.
+# One command on a CUDA GPU: CUDA tests, bf16 steps of every training path, fast paths against plain ones,
+# throughput, 2-process DDP; a report in the folder it prints (benchmarks/gpu_check*.py). ARGS: e.g. --budget 300.
 gpu-check:
 	@if [ -d "$(GPU_KIT)/wheels" ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile \
 		--upgrade --target $(GPU_SITE) $(GPU_KIT)/wheels/*.whl; fi

@@ -1,32 +1,44 @@
 """gpu-check's first part: every packed-attention kernel (`lightning_sentemb.encoders.kernels`) forced on
-bf16 packed rows of 1 to 128 tokens, forward and backward, against fp32 SDPA run sentence by sentence.
+bf16 packed rows of 1 to 128 tokens, forward and backward, against fp32 attention run sentence by sentence
+(`gpu_attention.reference`).
 
 A kernel this device or torch cannot run is a skipped row with the reason (`unavailable`). The relative
 error is ‖kernel − reference‖ / ‖reference‖, of the output and of the gradients of query, key, value
 (and the prefix) under a fixed random cotangent; bf16 keeps 8 significant bits, so `TOLERANCE` is a few
 times its unit roundoff, while a wrong mask, offset or head grouping makes errors of order 1.
 
-The cases with attention dropout (BERT-family training; `varlen` then calls the flash op itself) check
-what dropout must do: one draw differs from the reference (`DROPPED`: dropout was applied), the same
-seed draws the same output, and the mean of `DRAWS` draws (output and gradients) is the reference
-within `dropout_tolerance` (inverted dropout is unbiased; the mean's noise is about
-sqrt(p / (1 - p) / draws) of the reference, 0.021 at p 0.1 over 256 draws, where dropout without its
-1 / (1 - p) scaling would be 0.1 off).
+The cases with attention dropout (BERT-family training; DCPCSE's prefix too) check what dropout must do:
+one draw differs from the reference (`DROPPED`: dropout was applied) and the same seed draws the same
+output; then (`gpu_dropout`) `varlen`, which calls aten's flash op, against the reference under the op's
+own dropout mask, exactly; `aligned` and `nested`, which cannot return their masks, by the 1 / (1 − p)
+rescale on values of 1 and by the mean of `DRAWS` draws (output and gradients: inverted dropout is
+unbiased; within `dropout_tolerance`, a loose check: its noise is about sqrt(p / (1 − p) / draws) of the
+reference, 0.021 at p 0.1 over 256 draws). In the smoke run on a CPU, `varlen`'s dropout rows run through
+`gpu_dropout.flash_stand_in`, so the exact comparison is exercised without a GPU.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from gpu_attention import TOLERANCE, reference, relative_error, sentence_probabilities
+from gpu_dropout import against_own_mask, flash_stand_in, recorded_flash_calls, rescale_tolerance
 
-from lightning_sentemb.encoders.kernels import KERNEL_NAMES, Packing, TorchFeatures, run_kernel, torch_features
+from lightning_sentemb.encoders.kernels import (
+    KERNEL_NAMES,
+    Packing,
+    TorchFeatures,
+    installed_flash_forward,
+    run_kernel,
+    torch_features,
+)
 from lightning_sentemb.encoders.layout import TokenLayout
 
-TOLERANCE = 3e-2
-DRAWS, SMOKE_DRAWS = 256, 16
+DRAWS, SMOKE_DRAWS = 256, 2  # the mean of draws of aligned and nested
+RESCALE_DRAWS, SMOKE_RESCALE_DRAWS = 32, 8  # forward draws on values of 1
 DROPPED = 2e-2
 # name: (query heads, key/value heads, causal, sliding window, prefix length, attention dropout)
 CASES: dict[str, tuple[int, int, bool, int | None, int, float]] = {
@@ -37,9 +49,11 @@ CASES: dict[str, tuple[int, int, bool, int | None, int, float]] = {
     "prefix 4, bidirectional": (4, 4, False, None, 4, 0.0),
     "bidirectional, dropout 0.1": (4, 4, False, None, 0, 0.1),
     "GQA 14/2, causal, dropout 0.1": (14, 2, True, None, 0, 0.1),
+    "prefix 4, bidirectional, dropout 0.1": (4, 4, False, None, 4, 0.1),
 }
 LENGTHS = [1, 2, 3, 7, 16, 31, 64, 100, 128]
 SMOKE_LENGTHS = [1, 2, 5, 9, 16]
+STAND_IN = "a CPU stand-in of the flash op: checks the comparison, not a kernel"
 
 
 def unavailable(kernel: str, features: TorchFeatures, device: torch.device, causal: bool, window: int | None,
@@ -69,103 +83,170 @@ def unavailable(kernel: str, features: TorchFeatures, device: torch.device, caus
     return None
 
 
-def reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: list[int], causal: bool,
-              window: int | None, prefix: tuple[torch.Tensor, torch.Tensor] | None, scale: float) -> torch.Tensor:
-    """fp32 SDPA sentence by sentence: key/value heads repeated per query group, the prefix's keys
-    before each sentence's and visible to every query; (tokens, heads, d)."""
-    groups = query.shape[1] // key.shape[1]
-    outs, start = [], 0
-    for row, length in enumerate(lengths):
-        q, k, v = (t[start:start + length].transpose(0, 1).float() for t in (query, key, value))
-        distance = torch.arange(length, device=q.device)[:, None] - torch.arange(length, device=q.device)[None]
-        allowed = distance >= 0 if causal else torch.ones_like(distance, dtype=torch.bool)
-        if window:
-            allowed &= distance.abs() < window
-        if prefix is not None:
-            k = torch.cat([prefix[0][row].float(), k], dim=1)
-            v = torch.cat([prefix[1][row].float(), v], dim=1)
-            allowed = torch.cat([allowed.new_ones(length, prefix[0].shape[2]), allowed], dim=1)
-        k, v = (t.repeat_interleave(groups, 0) for t in (k, v))
-        outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale).transpose(0, 1))
-        start += length
-    return torch.cat(outs)
-
-
 def dropout_tolerance(dropout: float, draws: int) -> float:
     """`TOLERANCE` plus three times the relative noise of a mean over `draws` dropout draws."""
     return TOLERANCE + 3 * math.sqrt(dropout / (1 - dropout) / draws)
 
 
-def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    return float((ours.float() - theirs).norm() / theirs.norm().clamp_min(1e-12))
+@dataclass
+class Trial:
+    """One kernel on one case's random bf16 inputs (query, key, value and the prefix's key, value) and their
+    fp32 copies, the reference's output and gradients under `cotangent`."""
+
+    kernel: str
+    case: tuple[int, int, bool, int | None, int, float]
+    lengths: list[int]
+    layout: TokenLayout
+    scale: float
+    inputs: list[torch.Tensor]
+    fp32: list[torch.Tensor]
+    cotangent: torch.Tensor
+    theirs: torch.Tensor
+    theirs_grads: tuple[torch.Tensor, ...]
+
+    @property
+    def prefix(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return (self.inputs[3], self.inputs[4]) if len(self.inputs) > 3 else None
+
+    def attention(self, seed: int, value: torch.Tensor | None = None, prefix_value: torch.Tensor | None = None):
+        """The kernel's output from `seed` (other values than the inputs' when given)."""
+        _, _, causal, window, _, dropout = self.case
+        query, key = self.inputs[:2]
+        prefix = self.prefix
+        if prefix is not None and prefix_value is not None:
+            prefix = (prefix[0], prefix_value)
+        torch.manual_seed(seed)
+        return run_kernel(Packing(self.layout, self.kernel), query, key, self.inputs[2] if value is None else value,
+                          self.scale, dropout, causal, window, None, prefix)
+
+    def draw(self, seed: int) -> list[torch.Tensor]:
+        """The kernel's output (fp32) and the gradients of the inputs under `cotangent`."""
+        out = self.attention(seed)
+        grads = torch.autograd.grad((out.float() * self.cotangent).sum(), self.inputs)
+        return [out.detach().float(), *grads]
 
 
-def check(kernel: str, case: str, device: torch.device, lengths: list[int], head_dim: int,
-          draws: int = DRAWS) -> dict[str, Any]:
-    """One kernel on one case: forward and backward errors against `reference` (with dropout: of the mean
-    of `draws` draws)."""
-    heads, kv_heads, causal, window, prefix_len, dropout = CASES[case]
-    row: dict[str, Any] = {"kernel": kernel, "case": case}
-    reason = unavailable(kernel, torch_features(), device, causal, window, prefix_len > 0, dropout)
-    if reason is not None:
-        return {**row, "result": f"skipped: {reason}"}
+def trial(kernel: str, case: str, device: torch.device, lengths: list[int], head_dim: int) -> Trial:
+    heads, kv_heads, causal, window, prefix_len, _ = CASES[case]
     generator = torch.Generator(device="cpu").manual_seed(0)
     tokens, batch = sum(lengths), len(lengths)
 
     def leaf(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator).to(device, torch.bfloat16).requires_grad_()
 
-    query = leaf(tokens, heads, head_dim)
-    key, value = leaf(tokens, kv_heads, head_dim), leaf(tokens, kv_heads, head_dim)
-    prefix = (leaf(batch, kv_heads, prefix_len, head_dim), leaf(batch, kv_heads, prefix_len, head_dim)) \
-        if prefix_len else None
-    inputs = [query, key, value, *(prefix or ())]
+    inputs = [leaf(tokens, heads, head_dim), leaf(tokens, kv_heads, head_dim), leaf(tokens, kv_heads, head_dim)]
+    inputs += [leaf(batch, kv_heads, prefix_len, head_dim) for _ in range(2)] if prefix_len else []
     mask = torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]
-    layout, scale = TokenLayout.from_mask(mask).to(device), head_dim ** -0.5
     cotangent = torch.randn(tokens, heads, head_dim, generator=generator).to(device)
-
-    def draw(seed: int) -> tuple[torch.Tensor, ...]:
-        """The kernel's output (fp32) and the gradients of the inputs under `cotangent`."""
-        torch.manual_seed(seed)
-        out = run_kernel(Packing(layout, kernel), query, key, value, scale, dropout, causal, window, None, prefix)
-        grads = torch.autograd.grad((out.float() * cotangent).sum(), inputs)
-        return out.detach().float(), *grads
-
     fp32 = [t.detach().float().requires_grad_() for t in inputs]
-    fp32_prefix = (fp32[3], fp32[4]) if prefix else None
-    theirs = reference(fp32[0], fp32[1], fp32[2], lengths, causal, window, fp32_prefix, scale)
+    scale = head_dim ** -0.5
+    theirs = reference(*fp32[:3], lengths, causal, window, (fp32[3], fp32[4]) if prefix_len else None, scale)
     theirs_grads = torch.autograd.grad((theirs * cotangent).sum(), fp32)
-    theirs = theirs.detach()
-    notes: list[str] = []
-    if dropout:
-        first = draw(0)
-        if not torch.equal(first[0], draw(0)[0]):
-            notes.append("the same seed drew another output")
-        if relative_error(first[0], theirs) < DROPPED:
-            notes.append("no dropout applied")
-        totals = list(first)
-        for seed in range(1, draws):
-            totals = [total + part for total, part in zip(totals, draw(seed), strict=True)]
-        ours, *ours_grads = (total / draws for total in totals)
-    else:
-        ours, *ours_grads = draw(0)
-    tolerance = dropout_tolerance(dropout, draws) if dropout else TOLERANCE
-    forward = relative_error(ours, theirs)
-    backward = max(relative_error(a, b) for a, b in zip(ours_grads, theirs_grads, strict=True))
+    return Trial(kernel, CASES[case], lengths, TokenLayout.from_mask(mask).to(device), scale, inputs, fp32, cotangent,
+                 theirs.detach(), theirs_grads)
+
+
+def check(kernel: str, case: str, device: torch.device, lengths: list[int], head_dim: int, draws: int = DRAWS,
+          flash: Any = None) -> dict[str, Any]:
+    """One kernel on one case: forward and backward errors against `reference`; with dropout, the checks
+    of the module docstring. `flash`: the op `varlen` calls with dropout (None: the installed one)."""
+    row: dict[str, Any] = {"kernel": kernel, "case": case}
+    run = trial(kernel, case, device, lengths, head_dim)
+    dropout = run.case[-1]
+    if not dropout:
+        ours, *ours_grads = run.draw(0)
+        return {**row, **errors(ours, ours_grads, run, TOLERANCE, [])}
+    if kernel != "varlen":
+        first = run.draw(0)
+        return {**row, **without_mask(run, first, draws, basic_dropout_notes(first[0], run.draw(0)[0], run.theirs))}
+    with recorded_flash_calls(flash or installed_flash_forward()) as calls:  # the op's calls, replayed below
+        first, again = run.draw(0), run.draw(0)
+        if not calls:
+            return {**row, "result": "fail: the varlen kernel did not call the flash op"}
+        causal, window = run.case[2:4]
+        own = against_own_mask(calls[0], flash or installed_flash_forward(), 0, first, run.fp32, run.cotangent,
+                               lengths, (causal, window, run.scale, dropout))
+        notes = [*basic_dropout_notes(first[0], again[0], run.theirs), *own.pop("notes")]
+        if "dropped share" in own and not notes:
+            return {**row, "dropout check": "the op's own mask", **own, "result": "pass"}
+        if "dropped share" in own:  # the checks without a mask follow: a wrong kernel, or a misread mask?
+            own["own mask: forward, backward rel. error"] = (f"{own.pop('forward rel. error'):.3g}, "
+                                                             f"{own.pop('backward rel. error'):.3g}")
+        return {**row, **own, **without_mask(run, first, draws, notes)}  # (or no mask came back)
+
+
+def without_mask(run: Trial, first: list[torch.Tensor], draws: int, notes: list[str]) -> dict[str, Any]:
+    """The dropout checks of a kernel that cannot return its mask: the rescale on values of 1, and the
+    mean of `draws` draws (`first` the first) against the reference."""
+    rescale_draws = RESCALE_DRAWS if draws == DRAWS else SMOKE_RESCALE_DRAWS
+    mean, tolerance = rescale_mean(run, rescale_draws)
+    if abs(mean - 1) > tolerance:
+        notes = [*notes, f"values of 1 gave {mean:.4f} on average, not 1 ± {tolerance:.3f}: the 1/(1-p) rescale?"]
+    totals = first
+    for seed in range(1, draws):
+        totals = [total + part for total, part in zip(totals, run.draw(seed), strict=True)]
+    ours, *ours_grads = (total / draws for total in totals)
+    return {"dropout check": f"rescale on values 1 ({rescale_draws} draws), mean of {draws} draws",
+            "mean output on values 1": mean, "its tolerance": tolerance,
+            **errors(ours, ours_grads, run, dropout_tolerance(run.case[-1], draws), notes)}
+
+
+def rescale_mean(run: Trial, draws: int) -> tuple[float, float]:
+    """The kernel's mean output on values of 1 over `draws` draws (each output the kept
+    probabilities' sum times 1 / (1 − p)), and its tolerance around 1 (`rescale_tolerance`)."""
+    causal, window, dropout = run.case[2], run.case[3], run.case[5]
+    with torch.no_grad():
+        ones, ones_prefix = torch.ones_like(run.inputs[2]), torch.ones_like(run.inputs[4]) if run.prefix else None
+        mean = sum(float(run.attention(seed, ones, ones_prefix).float().mean()) for seed in range(draws))
+        probs = sentence_probabilities(run.fp32[0], run.fp32[1], run.lengths, causal, window,
+                                       run.fp32[3] if run.prefix else None, run.scale)
+    return mean / draws, rescale_tolerance(probs, dropout, draws)
+
+
+def basic_dropout_notes(first: torch.Tensor, again: torch.Tensor, theirs: torch.Tensor) -> list[str]:
+    """Failures of the two checks every kernel's dropout passes: the same seed draws the same output, and a
+    draw differs from the attention without dropout."""
+    notes = [] if torch.equal(first, again) else ["the same seed drew another output"]
+    return notes + (["no dropout applied"] if relative_error(first, theirs) < DROPPED else [])
+
+
+def errors(ours: torch.Tensor, ours_grads: list[torch.Tensor], run: Trial, tolerance: float,
+           notes: list[str]) -> dict[str, Any]:
+    """The row's forward and backward errors against the reference and its result (`notes`: failures found
+    before)."""
+    forward = relative_error(ours, run.theirs)
+    backward = max(relative_error(a, b) for a, b in zip(ours_grads, run.theirs_grads, strict=True))
     if not (forward <= tolerance and backward <= tolerance and math.isfinite(forward + backward)):
-        notes.append("beyond tolerance")
-    return {**row, "forward rel. error": forward, "backward rel. error": backward,
+        notes = [*notes, "beyond tolerance"]
+    return {"forward rel. error": forward, "backward rel. error": backward,
             "result": f"fail: {'; '.join(notes)}" if notes else "pass"}
 
 
 def kernel_rows(device: torch.device, smoke: bool) -> list[dict[str, Any]]:
-    """Every kernel on every case (a failure is its row's result, the others still run)."""
+    """Every kernel on every case (a failure is its row's result, the others still run). A kernel the device
+    cannot run is skipped, but for `varlen` with dropout in the smoke run: `flash_stand_in` then stands in."""
     lengths, head_dim, draws = (SMOKE_LENGTHS, 16, SMOKE_DRAWS) if smoke else (LENGTHS, 64, DRAWS)
     rows = []
     for kernel in KERNEL_NAMES:
         for case in CASES:
+            heads, kv_heads, causal, window, prefix_len, dropout = CASES[case]
+            reason = unavailable(kernel, torch_features(), device, causal, window, prefix_len > 0, dropout)
+            stand_in = smoke and device.type == "cpu" and kernel == "varlen" and dropout > 0 and not window
             try:
-                rows.append(check(kernel, case, device, lengths, head_dim, draws))
+                if reason is not None and not stand_in:
+                    rows.append({"kernel": kernel, "case": case, "result": f"skipped: {reason}"})
+                    continue
+                row = check(kernel, case, device, lengths, head_dim, draws, flash_stand_in if stand_in else None)
+                if stand_in and row["result"] == "pass":
+                    row["result"] = f"pass ({STAND_IN})"
+                rows.append(row)
             except Exception as error:  # one kernel failing must not hide the others
                 rows.append({"kernel": kernel, "case": case, "result": f"fail: {type(error).__name__}: {error}"[:300]})
     return rows
+
+
+def kernels_part(ctx: Any) -> dict[str, Any]:
+    """gpu-check's part: `kernel_rows` on the context's device, and what this torch offers."""
+    from gpu_check_common import outcome
+
+    return outcome(kernel_rows(ctx.device, ctx.smoke), [f"this torch: {torch_features()}"])

@@ -71,10 +71,11 @@ def prepare(method: SentEmbMethod, sentences: list[str], max_tokens: int = 30):
 
 
 def train_step(method: SentEmbMethod, batch: dict, optimizer, clustering, bf16: bool) -> torch.Tensor:
-    """Forward of every view, loss, backward, AdamW step, zero_grad (and the centroid update); returns
-    the loss, detached (no read-back)."""
+    """Forward of every view, the step's loss as a fit computes it (`step_loss`: the MLM loss too, when the
+    method has one), backward, AdamW step, zero_grad (and the centroid update); returns the loss, detached
+    (no read-back)."""
     with torch.autocast(method.device.type, dtype=torch.bfloat16, enabled=bf16):
-        loss, _ = method.training_loss(batch)
+        loss, _ = method.step_loss(batch)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
