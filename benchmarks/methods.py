@@ -4,7 +4,9 @@ forward against the method's own padded forward, on all-MiniLM-L6-v2, same batch
 
     python benchmarks/methods.py [--batch-size 64] [--steps 5] [--threads 2] [--bf16] [--no-memory]
 
-ClusterNS is timed with initialized centroids and includes the K-means centroid update.
+ClusterNS is timed with initialized centroids and includes the K-means centroid update. DCLR's step includes
+its complementary model's forward (MiniLM itself, frozen) and the noise's ascent; a last line sets the
+complementary model's cost against one forward without gradients.
 
 One step = forward of both dropout views, InfoNCE, backward, AdamW step, zero_grad: the work
 `training_step` does, without Lightning's bookkeeping. The two forwards alternate step by step on
@@ -29,7 +31,7 @@ import torch
 
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.data.paths import resolve_data_dir
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import DCLR, DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 
@@ -107,7 +109,38 @@ METHODS = {
     "ConPVP (prompt 4)": lambda: build_method(ConPVP, BACKBONE, mlp="train"),
     "DCPCSE (prefix 16)": lambda: build_method(DCPCSE, BACKBONE, pooler="avg", mlp="none", prefix_len=16, lr=1e-2),
     "ClusterNS (K 16)": lambda: build_method(ClusterNS, BACKBONE, pooler="avg", mlp="none", num_clusters=16),
+    # as SimCSE above; noise ×1 moved 4 steps; MiniLM itself as the frozen complementary model (the demo's)
+    "DCLR (MiniLM complementary)": lambda: build_method(DCLR, BACKBONE, pooler="avg", mlp="none", lr=1e-5,
+                                                        guide={"model": BACKBONE, "pooler": "avg"}),
 }
+
+
+def complementary_cost(sentences: list[str], steps: int, bf16: bool) -> str:
+    """DCLR's complementary model against one forward without gradients: DCLR's padding-free step with it
+    and without it (the same module, `guide` toggled, alternating), and a no-grad forward of the batch's
+    rows through the trainee, median CPU times. The complementary model embeds each distinct text once (the
+    two views share their text), so its cost is under one such forward."""
+    method = METHODS["DCLR (MiniLM complementary)"]()
+    batch, optimizer, _ = prepare(method, sentences)
+    guide, times = method.guide, {"with": [], "without": [], "forward": []}
+    for step in range(steps + 1):
+        for name in times:
+            start = time.process_time()
+            if name == "forward":
+                with torch.no_grad(), torch.autocast(method.device.type, dtype=torch.bfloat16, enabled=bf16):
+                    method.embed(batch["features"])
+            else:
+                method.guide = guide if name == "with" else None
+                train_step(method, batch, optimizer, None, bf16)
+            if step:
+                times[name].append(time.process_time() - start)
+    method.guide = guide
+    cost, forward = (statistics.median(times["with"]) - statistics.median(times["without"]),
+                     statistics.median(times["forward"]))
+    return (f"DCLR's complementary model: step {statistics.median(times['with']):.2f} s with it, "
+            f"{statistics.median(times['without']):.2f} s without: {cost:.2f} s, against {forward:.2f} s for one "
+            f"forward of the batch's {batch['features']['input_ids'].size(0)} rows without gradients "
+            f"({cost / forward:.2f}×; target ≤ 1×)")
 
 
 def peak_memory_mib(name: str, padding_free: bool, options: argparse.Namespace) -> float:
@@ -160,6 +193,7 @@ def main() -> None:
         print(f"| {name} | {r['trainable']:,} ({r['trainable'] / r['total']:.1%}) | {r['optimizer_mib']:.2f} MiB | "
               f"{r['rows']:.2f} | {r['real_tokens']:.0%} | {r['padded_cpu_s']:.2f} s | {r['fast_cpu_s']:.2f} s | "
               f"{ratio:.2f}× {verdict} | {r['padded_wall_s']:.2f} / {r['fast_wall_s']:.2f} s | {memory} |", flush=True)
+    print(complementary_cost(sentences, options.steps, options.bf16))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,16 @@ from lightning_sentemb.encoders.packed import PADDED, PADDING_FREE, set_attentio
 from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
-from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import (
+    DCLR,
+    DCPCSE,
+    ClusterNS,
+    ClusterNSPrefix,
+    ClusterNSPrompt,
+    ConPVP,
+    PromptBERT,
+    SimCSE,
+)
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
@@ -41,6 +50,7 @@ METHODS = {
     "ClusterNS": lambda path: build_method(ClusterNS, path, num_clusters=2),
     "ClusterNSPrompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    "DCLR": lambda path: build_method(DCLR, path, guide="self"),
 }
 BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
              "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
@@ -52,8 +62,10 @@ NEW_FAMILIES = [*ENCODERS, *DECODERS]
 # The README's method × backbone table: every default-configured pair works. What a family refuses:
 REFUSED = {
     ("SimCSE", "pooler cls", "tiny_llama"): (lambda path: build_method(SimCSE, path, pooler="cls"), "sees only itself"),
-    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: build_method(SimCSE, path, mlm_weight=0.1), "no masked-LM head"),
-    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: build_method(DCPCSE, path, prefix_len=2, mlm_weight=0.1), "no masked-LM head"),
+    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: build_method(SimCSE, path, mlm_weight=0.1),
+                                           "no masked-LM head"),
+    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: build_method(DCPCSE, path, prefix_len=2, mlm_weight=0.1),
+                                           "no masked-LM head"),
     ("SimCSE", "pooler mask", "tiny_bert"): (lambda path: build_method(SimCSE, path, pooler="mask"), "template"),
 }
 
@@ -179,12 +191,14 @@ def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling:
 
 PACKED_METHODS = {
     "simcse": lambda path, family: build_method(SimCSE, path, pooler="cls" if family in ENCODERS else "last"),
-    "simcse_avg_first_last": lambda path, family: build_method(SimCSE, path, pooler="avg_first_last", hard_negative_weight=0.5),
+    "simcse_avg_first_last": lambda path, family: build_method(SimCSE, path, pooler="avg_first_last",
+                                                               hard_negative_weight=0.5),
     "promptbert_denoised": lambda path, family: build_method(PromptBERT, path, denoise_train=True),
     "conpvp": lambda path, family: build_method(ConPVP, path, prompt_length=2),
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
     "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
+    "dclr": lambda path, family: build_method(DCLR, path, pooler="avg", guide="self", phi=0.95),
 }
 
 
@@ -312,7 +326,8 @@ def test_resume_is_bit_exact_on_a_decoder(method: str, tiny_qwen2, sts_fixture, 
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"sentence {i} is about {['cats', 'dogs', 'birds'][i % 3]} .\n" for i in range(20)))
-    monkeypatch.setitem(resume.METHODS, method, ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
+    monkeypatch.setitem(resume.METHODS, method,
+                        ["--model", f"lightning_sentemb.methods.{method}", "--model.dropout", "0.1"])
 
     def args(root):
         return resume.run_args(method, tiny_qwen2, sts_fixture, corpus, root, 0)
@@ -335,6 +350,7 @@ EXPORTED = {
     "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    "DCLR": lambda path: build_method(DCLR, path, guide="self"),
 }
 
 
@@ -361,7 +377,8 @@ def test_a_decoder_folder_is_evaluated_with_last_token_pooling_by_default(tiny_q
 
     method = load_method(tiny_qwen2)
     assert method.encoder.pooler == "last"
-    torch.testing.assert_close(method.encode(SENTENCES[:2]), load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))
+    torch.testing.assert_close(method.encode(SENTENCES[:2]),
+                               load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))
 
 
 def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_refusal(tmp_path) -> None:

@@ -15,7 +15,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.guide import false_negative_mask
 from lightning_sentemb.losses.info_nce import InfoNCELoss
-from lightning_sentemb.methods import ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import DCLR, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.guide import Guide, guide_settings
 from tests.test_grad_cache import CHUNK, gradients, relative_error
@@ -148,6 +148,10 @@ GUIDED = {
     # of these sentences within 0.05 of each other
     "clusterns_guide": lambda path: build_method(ClusterNS, path, num_clusters=2, false_negatives="mask",
                                               guide={"model": path, "pooler": "avg", "margin": 0.05}),
+    # DCLR: its own similarities as the complementary model (its "self instance weighting"), noise negatives
+    # moved by gradient ascent inside the loss, Matryoshka; averaged tokens put the pairs at 0.89-0.98
+    "dclr_self_matryoshka": lambda path: build_method(DCLR, path, guide="self", phi=0.95, pooler="avg",
+                                                      matryoshka_dims=[32, 8]),
 }
 
 

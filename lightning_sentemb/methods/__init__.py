@@ -4,12 +4,13 @@ from .base import SentEmbMethod
 from .building import build_method
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
+from .dclr import DCLR
 from .dcpcse import DCPCSE
 from .mntp import MNTP
 from .promptbert import PromptBERT
 from .simcse import SimCSE
 
 __all__ = [
-    "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod",
-    "SimCSE", "build_method",
+    "DCLR", "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT",
+    "SentEmbMethod", "SimCSE", "build_method",
 ]

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from lightning_sentemb.callbacks.kmeans import assign, update_centroids
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
+from lightning_sentemb.losses.dclr import dclr_loss, harder_noise
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.precision import exact_fp32
@@ -41,6 +42,15 @@ def clusterns_loss(false_negatives: str):
     return loss
 
 
+def dclr(objective: str):
+    def loss(x: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        drop = (torch.arange(N)[:, None] + torch.arange(N)[None, :]) % 3 == 1
+        noise = harder_noise(x["hard_negatives"], x["anchors"], x["positives"], labels, 2, 0.1, 0.05, objective)
+        return dclr_loss(x["anchors"], x["positives"], noise, labels, 0.05, drop, objective)
+
+    return loss
+
+
 LOSSES = {
     # SimCSE, PromptBERT (template views), DCPCSE unsupervised
     "info_nce": lambda x, labels: InfoNCELoss()(x["anchors"], x["positives"], labels),
@@ -52,6 +62,8 @@ LOSSES = {
     # ClusterNS before clustering starts, then with centroids in each false-negative mode
     "clusterns_plain": lambda x, labels: ClusterNSLoss()(x["anchors"], x["positives"], labels)[0],
     **{f"clusterns_{mode}": clusterns_loss(mode) for mode in ("bml", "mask", "positive", "none")},
+    # DCLR: the noise moved by gradient ascent under autocast too, a third of the in-batch negatives dropped
+    **{f"dclr_{objective}": dclr(objective) for objective in ("paper", "reference")},
 }
 
 
