@@ -6,7 +6,9 @@ forward against the method's own padded forward, on all-MiniLM-L6-v2, same batch
 
 ClusterNS is timed with initialized centroids and includes the K-means centroid update. SNCSE's batch
 carries each sentence's parser-free negation (`data.negation.lexicon_tokens`), SBERT's pairs each
-sentence with the next (batch 64 = 64 pairs, 128 rows).
+sentence with the next (batch 64 = 64 pairs, 128 rows). DCLR's step includes its complementary model's
+forward (MiniLM itself, frozen) and the noise's ascent; a last line sets what the complementary model adds
+to a step against one forward without gradients.
 
 One step = forward of both dropout views, InfoNCE, backward, AdamW step, zero_grad: the work
 `training_step` does, without Lightning's bookkeeping. The two forwards alternate step by step on
@@ -33,7 +35,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning_sentemb.callbacks.kmeans import initial_centroids
 from lightning_sentemb.data.negation import lexicon_tokens, negate
 from lightning_sentemb.data.paths import resolve_data_dir
-from lightning_sentemb.methods import DCPCSE, SBERT, SCPCSE, SNCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
+from lightning_sentemb.methods import DCLR, DCPCSE, SBERT, SCPCSE, SNCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
@@ -127,7 +129,35 @@ METHODS = {
     "SNCSE": lambda: build_method(SNCSE, BACKBONE, mlp="train"),
     "SCPCSE (frozen backbone)": lambda: build_method(SCPCSE, BACKBONE, mlp="train"),
     "SBERT (pairs)": lambda: build_method(SBERT, BACKBONE),
+    # as SimCSE above; noise ×1 moved 4 steps; MiniLM itself as the frozen complementary model (the demo's)
+    "DCLR (MiniLM complementary)": lambda: build_method(DCLR, BACKBONE, pooler="avg", mlp="none", lr=1e-5,
+                                                        guide={"model": BACKBONE, "pooler": "avg"}),
 }
+
+
+def complementary_cost(sentences: list[str], steps: int, bf16: bool) -> str:
+    """What DCLR's complementary model adds to a step (`Guide.drop`: tokenizing the batch's texts, its forward
+    without gradients, the mask) against one forward of the batch's rows through the trainee without
+    gradients, alternating, median CPU times. The complementary model embeds each distinct text once (the
+    two views share their text), so its cost is under one such forward."""
+    method = METHODS["DCLR (MiniLM complementary)"]()
+    batch, _, _ = prepare(method, sentences)
+    times: dict[str, list[float]] = {"complementary": [], "forward": []}
+    with torch.no_grad(), torch.autocast(method.device.type, dtype=torch.bfloat16, enabled=bf16):
+        embeddings = method.embed(batch["features"])
+        for step in range(steps + 1):
+            for name in times:
+                start = time.process_time()
+                if name == "forward":
+                    method.embed(batch["features"])
+                else:
+                    method.guide.drop(embeddings, batch)
+                if step:  # the first round loads the complementary model and warms up
+                    times[name].append(time.process_time() - start)
+    cost, forward = statistics.median(times["complementary"]), statistics.median(times["forward"])
+    return (f"DCLR's complementary model: {cost:.2f} s a step, against {forward:.2f} s for one forward of the "
+            f"batch's {batch['features']['input_ids'].size(0)} rows without gradients ({cost / forward:.2f}×; "
+            f"target ≤ 1×)")
 
 
 def peak_memory_mib(name: str, padding_free: bool, options: argparse.Namespace) -> float:
@@ -180,6 +210,7 @@ def main() -> None:
         print(f"| {name} | {r['trainable']:,} ({r['trainable'] / r['total']:.1%}) | {r['optimizer_mib']:.2f} MiB | "
               f"{r['rows']:.2f} | {r['real_tokens']:.0%} | {r['padded_cpu_s']:.2f} s | {r['fast_cpu_s']:.2f} s | "
               f"{ratio:.2f}× {verdict} | {r['padded_wall_s']:.2f} / {r['fast_wall_s']:.2f} s | {memory} |", flush=True)
+    print(complementary_cost(sentences, options.steps, options.bf16))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,16 @@ model ranks close to the anchor, kept by rank, margin and score, written as the 
 configs read: one row a pair, `sent0,sent1,hard_neg` or with k negatives `sent0,sent1,hard_neg_1..k`
 (`columns`, the default), or one `sent0,sent1,hard_neg` row a negative (`triplets`).
 
-The filters are sentence-transformers' (`util.mine_hard_negatives`), with one convention of our own:
-a candidate's rank is its place in the anchor's ranking of the candidates (0 = most similar) once the
-texts that cannot be its negatives are set aside (the pair's positive, a text identical to the anchor,
-and with `exclude_positives` every positive the file pairs with that anchor); `--range-min/--range-max`
-keep ranks in [min, max), *then* `--margin` and `--max-score` remove candidates, and the first
-`--num-negatives` left are the negatives. (sentence-transformers applies its range_min after the score
-filters; here a negative's rank is checkable against the option on its own.)
+The filters are sentence-transformers' (`util.mine_hard_negatives`): every positive the file pairs with
+the anchor is set aside, the margin is measured from the anchor's lowest positive score, and a candidate
+scoring exactly a threshold stays (`losses.threshold`, the rule the guide shares). Our conventions differ
+in three places (docs/negatives.md lists them): a text identical to the anchor is set aside too; a
+candidate's rank is its place in the anchor's ranking of the candidates (0 = most similar) once the
+set-aside texts are skipped, `--range-min/--range-max` keep ranks in [min, max) *before* `--margin` and
+`--max-score` remove candidates, and the first `--num-negatives` left are the negatives (sentence-transformers
+skips its range_min among the candidates left *after* those filters; here a negative's rank is checkable
+against the option on its own); and the window searched is range_max candidates past the set-aside ones
+(sentence-transformers' reaches range_max + the most positives any anchor has, set-aside or not).
 
 The candidates are the file's distinct positives. Memory is bounded: candidates are encoded and added
 to a faiss inner-product index (exact, on normalized embeddings, i.e. cosine) `chunk_size` at a time,
@@ -30,8 +33,8 @@ import numpy as np
 
 from .data.senteval import read_stsb
 from .errors import SentEmbUserError
+from .losses.threshold import MARGIN_STRATEGIES, MarginStrategy, margin_threshold, too_close
 
-MARGIN_STRATEGIES = ("absolute", "relative")
 ANCHOR_KEYS, POSITIVE_KEYS = ("sent0", "anchor"), ("sent1", "positive")
 
 
@@ -43,9 +46,8 @@ class MiningFilters:
     range_min: int = 0
     range_max: int = 50
     margin: float | None = None
-    margin_strategy: str = "absolute"
+    margin_strategy: MarginStrategy = "absolute"
     max_score: float | None = None
-    exclude_positives: bool = False
 
     def __post_init__(self) -> None:
         if self.num_negatives < 1:
@@ -59,14 +61,17 @@ class MiningFilters:
         if self.margin_strategy not in MARGIN_STRATEGIES:
             raise SentEmbUserError(f"--margin-strategy {self.margin_strategy}: choose {' or '.join(MARGIN_STRATEGIES)}")
 
-    def threshold(self, positive_scores: np.ndarray) -> np.ndarray:
-        """The highest score a negative may have: the positive's score less the margin (absolute), or
-        less `margin` × |positive score| (relative, sentence-transformers' convention)."""
-        if self.margin is None:
-            return np.full_like(positive_scores, np.inf)
-        if self.margin_strategy == "absolute":
-            return positive_scores - self.margin
-        return positive_scores - np.abs(positive_scores) * self.margin
+    def keeps(self, scores: np.ndarray, positive_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(within the margin, within the margin and max-score): where a candidate's score is at most the
+        threshold of each, ties kept (`losses.threshold`); `positive_scores` (n,) are the anchors' lowest
+        positive scores, `scores` (n, depth) the candidates'."""
+        margin_ok = np.ones_like(scores, dtype=bool)
+        if self.margin is not None:
+            threshold = margin_threshold(positive_scores, self.margin, self.margin_strategy)
+            margin_ok = ~too_close(scores, threshold[:, None], "kept")
+        if self.max_score is None:
+            return margin_ok, margin_ok
+        return margin_ok, margin_ok & ~too_close(scores, self.max_score, "kept")
 
 
 @dataclass
@@ -96,7 +101,8 @@ def read_pairs(path: str | os.PathLike, min_score: float | None = None) -> tuple
                                    "to take the pairs scored at least S as (anchor, positive), e.g. --min-score 4")
         stsb = read_stsb(path)
         keep = stsb.gold >= min_score
-        return [a for a, k in zip(stsb.first, keep) if k], [b for b, k in zip(stsb.second, keep) if k]
+        return ([a for a, k in zip(stsb.first, keep, strict=True) if k],
+                [b for b, k in zip(stsb.second, keep, strict=True) if k])
     if min_score is not None:
         raise SentEmbUserError(f"--min-score: {path} is not an STS Benchmark file; its pairs have no score")
     if path.suffix == ".csv":
@@ -107,7 +113,8 @@ def read_pairs(path: str | os.PathLike, min_score: float | None = None) -> tuple
             try:
                 rows += [json.loads(line)] if line.strip() else []
             except json.JSONDecodeError as error:
-                raise SentEmbUserError(f"{path}: line {number} is not JSON ({error.msg}); give one object a line") from None
+                raise SentEmbUserError(f"{path}: line {number} is not JSON ({error.msg}); "
+                                       "give one object a line") from None
     else:
         raise SentEmbUserError(f"pair file {path}: give a .csv with a header, or .jsonl (one JSON object a line)")
     keys = set(rows[0]) if rows else set()
@@ -124,9 +131,14 @@ def mine_hard_negatives(
     filters: MiningFilters, chunk_size: int = 8192,
 ) -> MinedNegatives:
     """The negatives of each pair among the distinct positives; `encode(sentences)` gives embeddings
-    (any array-like, normalized here)."""
+    (any array-like, normalized here). A pair's anchor text decides: every positive the file pairs with
+    it is set aside, and its margin is measured from the lowest of their scores (pairs that share an
+    anchor get the same negatives, as sentence-transformers gives them)."""
     import faiss
 
+    if not anchors:
+        raise SentEmbUserError("no (anchor, positive) pairs to mine: the pair file has none (or none scored "
+                               "at least --min-score)")
     candidates = list(dict.fromkeys(positives))
     row_of = {text: i for i, text in enumerate(candidates)}
     index = None
@@ -135,34 +147,36 @@ def mine_hard_negatives(
         if index is None:
             index = faiss.IndexFlatIP(embeddings.shape[1])
         index.add(embeddings)
-    positive_rows = np.array([row_of[p] for p in positives])
+    paired: dict[str, list[int]] = {}
+    for anchor, positive in zip(anchors, positives, strict=True):
+        rows = paired.setdefault(anchor, [])
+        rows += [] if row_of[positive] in rows else [row_of[positive]]
+    most = max(map(len, paired.values()))
+    # each pair's anchor's positives, padded with its first (a repeat changes neither the minimum nor the set)
+    anchor_positives = np.array([paired[a] + paired[a][:1] * (most - len(paired[a])) for a in anchors])
     anchor_rows = np.array([row_of.get(a, -1) for a in anchors])  # an anchor that is also a candidate
-    paired: dict[str, set[int]] = {}
-    if filters.exclude_positives:
-        for anchor, row in zip(anchors, positive_rows):
-            paired.setdefault(anchor, set()).add(int(row))
-    set_aside = 2 + max((len(rows) for rows in paired.values()), default=0)
-    depth = min(len(candidates), filters.range_max + set_aside)
+    depth = min(len(candidates), filters.range_max + most + 1)
     mined = MinedNegatives(candidates)
-    counts = dict.fromkeys(["searched", "set aside (positive, anchor's text, --exclude-positives)", "in the rank window",
+    counts = dict.fromkeys(["searched", "set aside (the anchor's positives and text)", "in the rank window",
                             "removed by --margin", "removed by --max-score", "passed every filter", "negatives"], 0)
     for start in range(0, len(anchors), chunk_size):
         rows = slice(start, start + chunk_size)
         query = _normalized(encode(anchors[rows]))
-        positive_scores = (query * index.reconstruct_batch(positive_rows[rows])).sum(axis=1)
+        own = anchor_positives[rows]
+        positive_vectors = index.reconstruct_batch(own.ravel()).reshape(*own.shape, -1)
+        positive_scores = np.einsum("nd,npd->np", query, positive_vectors).min(axis=1)
         scores, found = index.search(query, depth)
-        aside = (found == positive_rows[rows, None]) | (found == anchor_rows[rows, None]) | (found < 0)
-        if filters.exclude_positives:
-            aside |= np.stack([np.isin(f, list(paired[a])) for f, a in zip(found, anchors[rows])])
+        aside = (found[:, :, None] == own[:, None, :]).any(-1) | (found == anchor_rows[rows, None]) | (found < 0)
         rank = np.cumsum(~aside, axis=1) - 1
         window = ~aside & (rank >= filters.range_min) & (rank < filters.range_max)
-        margin_ok = window & (scores <= filters.threshold(positive_scores)[:, None])
-        keep = margin_ok & (scores <= (np.inf if filters.max_score is None else filters.max_score))
+        within_margin, within_both = filters.keeps(scores, positive_scores)
+        margin_ok, keep = window & within_margin, window & within_both
         chosen = keep & (np.cumsum(keep, axis=1) <= filters.num_negatives)
-        mined.negatives += [f[c] for f, c in zip(found, chosen)]
-        mined.scores += [s[c] for s, c in zip(scores, chosen)]
-        for key, value in zip(counts, [(found >= 0).sum(), (aside & (found >= 0)).sum(), window.sum(),
-                                       (window & ~margin_ok).sum(), (margin_ok & ~keep).sum(), keep.sum(), chosen.sum()]):
+        mined.negatives += [f[c] for f, c in zip(found, chosen, strict=True)]
+        mined.scores += [s[c] for s, c in zip(scores, chosen, strict=True)]
+        values = [(found >= 0).sum(), (aside & (found >= 0)).sum(), window.sum(), (window & ~margin_ok).sum(),
+                  (margin_ok & ~keep).sum(), keep.sum(), chosen.sum()]
+        for key, value in zip(counts, values, strict=True):
             counts[key] += int(value)
     counts["pairs without a negative (dropped)"] = sum(len(n) == 0 for n in mined.negatives)
     mined.counts = counts
@@ -177,7 +191,7 @@ def _normalized(embeddings: object) -> np.ndarray:
 def triplet_rows(anchors: list[str], positives: list[str], mined: MinedNegatives) -> list[tuple[str, str, str]]:
     """One `(sent0, sent1, hard_neg)` row per negative, in pair order (a pair with k negatives gives k
     rows, as sentence-transformers' "triplet" format): what the supervised data path reads."""
-    return [(a, p, mined.candidates[n]) for a, p, negatives in zip(anchors, positives, mined.negatives)
+    return [(a, p, mined.candidates[n]) for a, p, negatives in zip(anchors, positives, mined.negatives, strict=True)
             for n in negatives]
 
 
@@ -190,7 +204,8 @@ def output_table(anchors: list[str], positives: list[str], mined: MinedNegatives
     if output_format == "triplets":
         return ["sent0", "sent1", "hard_neg"], triplet_rows(anchors, positives, mined)
     negatives = ["hard_neg"] if num_negatives == 1 else [f"hard_neg_{j}" for j in range(1, num_negatives + 1)]
-    rows = [(a, p, *(mined.candidates[n] for n in found)) for a, p, found in zip(anchors, positives, mined.negatives)
+    rows = [(a, p, *(mined.candidates[n] for n in found))
+            for a, p, found in zip(anchors, positives, mined.negatives, strict=True)
             if len(found) == num_negatives]
     return ["sent0", "sent1", *negatives], rows
 
@@ -216,7 +231,7 @@ def mine_command(options: object) -> None:
     from .loggers import silence_known_noise
 
     filters = MiningFilters(options.num_negatives, options.range_min, options.range_max, options.margin,
-                            options.margin_strategy, options.max_score, options.exclude_positives)
+                            options.margin_strategy, options.max_score)
     if not options.output.endswith(".csv"):
         raise SentEmbUserError(f"--output {options.output}: the supervised configs read a .csv (sent0,sent1,hard_neg)")
     anchors, positives = read_pairs(options.pairs, options.min_score)

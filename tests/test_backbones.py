@@ -28,6 +28,7 @@ from lightning_sentemb.encoders.prefix import PrefixedBackbone
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
 from lightning_sentemb.methods import (
+    DCLR,
     DCPCSE,
     BERTFlow,
     ClusterNS,
@@ -57,6 +58,7 @@ METHODS = {
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
     # its default pair shuffles tokens, which decoders refuse (REFUSED): cutoffs run on every family
     "ConSERT": lambda path: build_method(ConSERT, path, augmentations=["token_cutoff", "feature_cutoff"]),
+    "DCLR": lambda path: build_method(DCLR, path, guide="self"),
 }
 # SNCSE (PromptBERT's encoder), SCPCSE (ConPVP's prompt vectors, at a template's own tokens, on a frozen
 # backbone) and SBERT (SimCSE's plain encoder) trained once on every family (docs/backbones.md); the suite
@@ -73,8 +75,10 @@ NEW_FAMILIES = [*ENCODERS, *DECODERS]
 # The README's method × backbone table: every default-configured pair works. What a family refuses:
 REFUSED = {
     ("SimCSE", "pooler cls", "tiny_llama"): (lambda path: build_method(SimCSE, path, pooler="cls"), "sees only itself"),
-    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: build_method(SimCSE, path, mlm_weight=0.1), "no masked-LM head"),
-    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: build_method(DCPCSE, path, prefix_len=2, mlm_weight=0.1), "no masked-LM head"),
+    ("SimCSE", "MLM loss", "tiny_qwen2"): (lambda path: build_method(SimCSE, path, mlm_weight=0.1),
+                                           "no masked-LM head"),
+    ("DCPCSE", "MLM loss", "tiny_llama"): (lambda path: build_method(DCPCSE, path, prefix_len=2, mlm_weight=0.1),
+                                           "no masked-LM head"),
     ("SimCSE", "pooler mask", "tiny_bert"): (lambda path: build_method(SimCSE, path, pooler="mask"), "template"),
     ("ConSERT", "shuffle", "tiny_qwen2"): (lambda path: build_method(ConSERT, path), "reads in the order of its mask"),
 }
@@ -202,7 +206,8 @@ def test_left_and_right_padding_give_the_same_embeddings(backbone: str, pooling:
 
 PACKED_METHODS = {
     "simcse": lambda path, family: build_method(SimCSE, path, pooler="cls" if family in ENCODERS else "last"),
-    "simcse_avg_first_last": lambda path, family: build_method(SimCSE, path, pooler="avg_first_last", hard_negative_weight=0.5),
+    "simcse_avg_first_last": lambda path, family: build_method(SimCSE, path, pooler="avg_first_last",
+                                                               hard_negative_weight=0.5),
     "promptbert_denoised": lambda path, family: build_method(PromptBERT, path, denoise_train=True),
     "conpvp": lambda path, family: build_method(ConPVP, path, prompt_length=2),
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
@@ -213,6 +218,7 @@ PACKED_METHODS = {
     "consert": lambda path, family: build_method(
         ConSERT, path, augmentations=["shuffle" if family in ENCODERS else "token_cutoff", "dropout"]),
     "scpcse": lambda path, family: build_method(methods.SCPCSE, path),  # on a decoder only (NEWER_METHODS)
+    "dclr": lambda path, family: build_method(DCLR, path, pooler="avg", guide="self", phi=0.95),
 }
 
 
@@ -371,6 +377,7 @@ EXPORTED = {
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
     "ConSERT": lambda path: build_method(ConSERT, path, augmentations=["token_cutoff", "dropout"]),
     "BERTFlow": lambda path: build_method(BERTFlow, path, flow_levels=2, flow_depth=2),  # the first-last average
+    "DCLR": lambda path: build_method(DCLR, path, guide="self"),
 }
 
 
@@ -397,8 +404,8 @@ def test_a_decoder_folder_is_evaluated_with_last_token_pooling_by_default(tiny_q
 
     method = load_method(tiny_qwen2)
     assert method.encoder.pooler == "last"
-    last = load_method(tiny_qwen2, pooler="last")
-    torch.testing.assert_close(method.encode(SENTENCES[:2]), last.encode(SENTENCES[:2]))
+    torch.testing.assert_close(method.encode(SENTENCES[:2]),
+                               load_method(tiny_qwen2, pooler="last").encode(SENTENCES[:2]))
 
 
 def test_other_encoders_get_their_own_positions_a_frozen_pooler_and_a_dropout_refusal(tmp_path) -> None:

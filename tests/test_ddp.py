@@ -4,13 +4,13 @@ BERT-flow's, whose flow starts from the statistics of the global batch."""
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
-import pytest
 import torch.multiprocessing as mp
 
 from lightning_sentemb.losses.info_nce import InfoNCELoss
-from lightning_sentemb.methods.guide import Guide
+from lightning_sentemb.methods.guide import Guide, guide_settings
 from lightning_sentemb.methods.simcse import SimCSE
 
 GLOBAL_BATCH, DIM, WORLD = 8, 6, 2
@@ -26,15 +26,20 @@ def make_inputs():
     return views, layer
 
 
-def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear, guided: bool = False):
+def loss_and_grad(views: torch.Tensor, layer: torch.nn.Linear, guided: bool = False, keys: torch.Tensor | None = None):
     """Run SimCSE.embedding_loss on a linear layer over precomputed view inputs; `guided`: a guide
     (its own view of the same rows) drops the negatives it scores within 0.3 of the positive: about a
-    fifth, across ranks too."""
-    guide = Guide({"model": "stub", "margin": 0.3, "margin_strategy": "absolute"}) if guided else None
-    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05, 0.7), guide=guide)
-    guide_rows = torch.stack([views[0], views[0] + views[1], views[2]])  # the guide sees the positives near
-    batch = {"num_views": views.size(0), "guide_rows": guide_rows.flatten(0, 1)}
-    loss, logs = SimCSE.embedding_loss(stub, layer(views.flatten(0, 1)), batch)
+    fifth, across ranks too; and the columns whose key (`keys`, the rows' texts) is the positive's."""
+    stub = SimpleNamespace(loss_fn=InfoNCELoss(0.05, 0.7))
+    embeddings = layer(views.flatten(0, 1))
+    batch = {"num_views": views.size(0)}
+    drop, logs = None, {}
+    if guided:
+        guide = Guide(guide_settings({"model": "stub", "margin": 0.3}))
+        guide_rows = torch.stack([views[0], views[0] + views[1], views[2]])  # the guide sees the positives near
+        guide.rows = lambda embeddings, batch: guide_rows.flatten(0, 1)
+        drop, logs = guide.drop(embeddings, {**batch, "row_keys": keys.flatten()})
+    loss, _ = SimCSE.embedding_loss(stub, embeddings, batch, drop)
     layer.zero_grad()
     loss.backward()
     return loss.detach(), layer.weight.grad.clone(), logs
@@ -59,12 +64,20 @@ def flow_loss_and_grads(backbone: str, sentences: list[str]) -> tuple[torch.Tens
     return loss.detach(), {name: p.grad for name, p in method.flow.named_parameters()}
 
 
+def make_keys() -> torch.Tensor:
+    """One key a row; rank 1's positive 6 repeats rank 0's positive 1 (one text in two examples)."""
+    keys = torch.arange(3 * GLOBAL_BATCH).view(3, GLOBAL_BATCH)
+    keys[1, 6] = keys[1, 1]
+    return keys
+
+
 def worker(rank: int, init_file: str, out_file: str, guided: bool, flow_backbone: str | None = None) -> None:
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), as DataLoader workers
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     views, layer = make_inputs()
     local = views[:, rank * GLOBAL_BATCH // WORLD : (rank + 1) * GLOBAL_BATCH // WORLD]
-    loss, grad, _ = loss_and_grad(local, layer, guided)
+    local_keys = make_keys()[:, rank * GLOBAL_BATCH // WORLD : (rank + 1) * GLOBAL_BATCH // WORLD]
+    loss, grad, _ = loss_and_grad(local, layer, guided, local_keys)
     flow_loss, flow_grads = flow_loss_and_grads(flow_backbone, FLOW_SENTENCES[rank::WORLD]) if flow_backbone else (
         torch.zeros(()), {})
     for tensor in (loss, grad, flow_loss, *flow_grads.values()):  # what DDP does: average across ranks
@@ -93,12 +106,17 @@ def test_global_negatives_match_single_process(guided, tiny_bert, tmp_path):
         local_start = sum(flow_loss_and_grads(tiny_bert, FLOW_SENTENCES[r::WORLD])[0] for r in range(WORLD)) / WORLD
         assert not torch.allclose(local_start, flow_loss, atol=1e-3)
     views, layer = make_inputs()
-    loss, grad, logs = loss_and_grad(views, layer, guided)
+    loss, grad, logs = loss_and_grad(views, layer, guided, make_keys())
     assert torch.allclose(distributed["loss"], loss, atol=1e-6)
     assert torch.allclose(distributed["grad"], grad, atol=1e-5)
     # and the local-only loss (no gathering) would differ: the test can fail
-    local_loss, _, _ = loss_and_grad(views[:, : GLOBAL_BATCH // WORLD], layer, guided)
+    half = slice(0, GLOBAL_BATCH // WORLD)
+    local_loss, _, _ = loss_and_grad(views[:, half], layer, guided, make_keys()[:, half])
     assert not torch.allclose(local_loss, loss, atol=1e-3)
     if guided:  # the guide drops some negatives, not all: the guided and plain losses differ
         assert 0 < float(logs["guide/masked_fraction"]) < 0.5
+        key_only = Guide(guide_settings({"model": "stub", "threshold": 2.0}))  # no score passes 2: keys alone
+        key_only.rows = lambda embeddings, batch: torch.randn(3 * GLOBAL_BATCH, DIM)
+        drop, _ = key_only.drop(views.flatten(0, 1), {"num_views": 3, "row_keys": make_keys().flatten()})
+        assert drop.nonzero().tolist() == [[1, 6], [6, 1]]
         assert not torch.allclose(loss_and_grad(views, layer)[0], loss, atol=1e-3)

@@ -29,15 +29,18 @@ STEPS, GLOBAL_BATCH = 3, 8
 # gradient is mostly rounding (an AdamW step then goes either way) and a sample's two centroid similarities
 # differ by ~1e-7; averaged, the sentences are apart (1 - cos ~ 0.05, centroid gaps > 1e-3).
 COMMON = ["--model.dropout", "0", "--trainer.max_steps", str(STEPS)]
-# Plain SimCSE runs inside each case: ClusterNS's step is SimCSE's plus the centroids, and caching and
-# LoRA are SimCSE's (a case of its own cost two more interpreters per rank and found nothing these miss).
+# Plain SimCSE runs inside each case: ClusterNS's step is SimCSE's plus the centroids, LoRA is SimCSE's,
+# and caching runs DCLR, SimCSE's views and encoder with noise negatives and its own similarities weighing
+# the in-batch ones (the noise drawn alike and moved against the gathered anchors on every rank), so the
+# cached step of k processes equals 1 process's for it too (a case of its own cost two more interpreters
+# per rank and found nothing these miss; SimCSE's cached DDP step: tests/test_grad_cache.py).
 CASES = {
     "clusterns": ("clusterns", []),
     # three views (the negations: `data.negate`), the BML of each rank's own rows (λ 1: it weighs) beside the
     # gathered InfoNCE. In fp64: the tiny BERT's [MASK] states of different sentences are nearly one (1 - cos
     # ~ 1e-6), so in fp32 their gradients are mostly rounding, which AdamW lifts to the lr's size
     "sncse": ("sncse", ["--model.bml_weight", "1.0", "--trainer.precision", "64-true"]),
-    "simcse-gradcache": ("simcse", ["--model.grad_cache_chunk", "3"]),
+    "dclr-gradcache": ("dclr", ["--model.grad_cache_chunk", "3"]),
     "simcse-lora": ("simcse", ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0, target_modules: all-linear}"]),
     # the attack's gradient takes every process's loss terms (through the gathers' backward); no drawn
     # augmentation beside it: a batch's draws are seeded by rank (as dropout's), not by example
@@ -53,7 +56,8 @@ class RecordRows(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         features = batch["features"]
-        rows = [ids[mask.bool()].tolist() for ids, mask in zip(features["input_ids"], features["attention_mask"])]
+        pairs = zip(features["input_ids"], features["attention_mask"], strict=True)
+        rows = [ids[mask.bool()].tolist() for ids, mask in pairs]
         with open(f"{self.path}.rank{trainer.global_rank}", "a") as file:
             file.write(json.dumps([trainer.global_step, rows]) + "\n")
 
@@ -86,13 +90,15 @@ def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path: 
     """The folder where every case ran on 2 processes."""
     folder = tmp_path_factory.mktemp("two-processes")
     # one launch for every case (tests/launch.py)
-    done = launch([case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES], folder / "commands.json")
+    done = launch([case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES],
+                  folder / "commands.json")
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_with_the_same_global_batch(tiny_bert, sts_fixture, corpus, two_process_runs, tmp_path):
+def test_two_processes_equal_one_with_the_same_global_batch(tiny_bert, sts_fixture, corpus, two_process_runs,  # noqa: F811
+                                                            tmp_path):
     """Every case in one test: its 2-process runs share one launch, which a test a case would repeat on
     each xdist worker that got one of them."""
     for case in CASES:

@@ -9,7 +9,8 @@ from . import TRUST_HELP
 
 def add_mine_parser(sub: argparse._SubParsersAction) -> None:
     """`mine` as a subcommand of `sentemb data`."""
-    mine = sub.add_parser("mine", help="mine hard negatives for (anchor, positive) pairs with a model; write a training csv",
+    mine = sub.add_parser("mine",
+                          help="mine hard negatives for (anchor, positive) pairs with a model; write a training csv",
                           description="Candidates: the file's distinct positives, ranked by cosine (faiss); ranks, "
                                       "margin and score filter them (docs/negatives.md).")
     mine.add_argument("pairs", help=".csv with header sent0,sent1 (or anchor,positive), .jsonl of such objects, "
@@ -26,12 +27,11 @@ def add_mine_parser(sub: argparse._SubParsersAction) -> None:
     mine.add_argument("--num-negatives", type=int, default=1, help="negatives per pair (default 1)")
     mine.add_argument("--range-min", type=int, default=0, help="skip the first ranks (0 = most similar candidate)")
     mine.add_argument("--range-max", type=int, default=50, help="consider ranks below this (default 50)")
-    mine.add_argument("--margin", type=float, default=None, help="a negative scores at most the positive's score "
-                      "less this (absolute), or less this × |positive's score| (relative)")
+    mine.add_argument("--margin", type=float, default=None, help="a negative scores at most the anchor's lowest "
+                      "positive score less this (absolute), or less this × |that score| (relative)")
     mine.add_argument("--margin-strategy", choices=["absolute", "relative"], default="absolute")
-    mine.add_argument("--max-score", type=float, default=None, help="a negative's cosine with the anchor is at most this")
-    mine.add_argument("--exclude-positives", action="store_true",
-                      help="no negative is a positive that the file pairs with the same anchor text elsewhere")
+    mine.add_argument("--max-score", type=float, default=None,
+                      help="a negative's cosine with the anchor is at most this")
     mine.add_argument("--chunk-size", type=int, default=8192, help="sentences encoded and searched at a time")
     mine.add_argument("--batch-size", type=int, default=128)
     mine.add_argument("--device", default=None, help="cuda when available, else cpu")

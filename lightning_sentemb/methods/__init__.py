@@ -5,6 +5,7 @@ from .building import build_method
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .consert import ConSERT
+from .dclr import DCLR
 from .dcpcse import DCPCSE
 from .flow import BERTFlow
 from .mntp import MNTP
@@ -15,6 +16,6 @@ from .simcse import SimCSE
 from .sncse import SNCSE
 
 __all__ = [
-    "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "BERTFlow", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt",
-    "ConPVP", "ConSERT", "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
+    "DCLR", "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "BERTFlow", "ClusterNS", "ClusterNSPrefix",
+    "ClusterNSPrompt", "ConPVP", "ConSERT", "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
 ]

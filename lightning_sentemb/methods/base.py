@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from functools import partial
 from typing import Any, Literal
 
 from lightning.pytorch import LightningModule
@@ -96,10 +97,11 @@ class SentEmbMethod(LightningModule):
             [X] twice; null = the sentence alone. Methods with their own input format refuse it.
         load_in_4bit: the backbone's linear layers in 4 bits (QLoRA; NF4, bitsandbytes, the `qlora`
             extra), frozen backbones on a CUDA GPU only. Exports load the base unquantized.
-        guide: GISTEmbed's false-negative filter: `{model: M, pooler: null, margin: 0.0, margin_strategy:
-            absolute}` (M any model `sentemb evaluate` reads, frozen) or `self` (the model's own detached
-            similarities); negatives the guide scores at or above the anchor's positive (less the margin) leave
-            the denominator. See `methods.guide` and docs/negatives.md; null = off.
+        guide: a false-negative filter: `{model: M, pooler: null, margin: 0.0, margin_strategy: absolute}`
+            (M any model `sentemb evaluate` reads, frozen: GISTEmbed's rule, negatives the guide scores above
+            the anchor's positive less the margin leave the denominator) or `self` (Qwen3-Embedding's: the
+            model's own detached similarities, above the positive + 0.1); a candidate whose text is the
+            positive's leaves too (`drop_duplicates`). See `methods.guide` and docs/negatives.md; null = off.
     """
 
     manual_gradient_clip: tuple[float | None, str | None] = (None, None)
@@ -177,9 +179,14 @@ class SentEmbMethod(LightningModule):
     collator_class: type[Collator] = Collator
     """The method's training views (`collator`)."""
 
-    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(
+        self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """(loss, extra values to log) from the sentence embeddings of a training batch's rows
-        (`embed(batch["features"])`, the views in collate's order)."""
+        (`embed(batch["features"])`, the views in collate's order). `drop` (n, columns): with a guide, the
+        columns that leave each anchor's denominator, over the global batch's views 1, 2, ... in order
+        (`Guide.drop`); a method that cannot apply it leaves `drop` out of its signature and refuses the
+        guide when built."""
         raise NotImplementedError
 
     def prepare_truncations(self, embeddings: Tensor, batch: dict[str, Any]) -> dict[str, Any]:
@@ -229,14 +236,19 @@ class SentEmbMethod(LightningModule):
 
     # ----- training ---------------------------------------------------------------------
     def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The method's `embedding_loss`; with `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
+        """The method's `embedding_loss`, given the guide's mask when there is a guide; with
+        `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
+        loss_fn, guide_logs = self.embedding_loss, {}
         if self.guide is not None:  # once per batch, at full size, for every truncation
-            batch = {**batch, "guide_rows": self.guide.rows(embeddings, batch, type(self).__name__)}
+            drop, guide_logs = self.guide.drop(embeddings, batch)
+            loss_fn = partial(self.embedding_loss, drop=drop)
         dims = self.hparams.matryoshka_dims
         if not dims:
-            return self.embedding_loss(embeddings, batch)
-        batch = self.prepare_truncations(embeddings, batch)
-        return matryoshka.matryoshka_loss(self.embedding_loss, embeddings, batch, dims, self.hparams.matryoshka_weights)
+            loss, logs = loss_fn(embeddings, batch)
+        else:
+            batch = self.prepare_truncations(embeddings, batch)
+            loss, logs = matryoshka.matryoshka_loss(loss_fn, embeddings, batch, dims, self.hparams.matryoshka_weights)
+        return loss, {**logs, **guide_logs}
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """(loss, extra values to log) of one training batch embedded in one forward pass."""

@@ -9,6 +9,7 @@ is its deprecated alias)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import warnings
 from typing import Literal
 
@@ -76,8 +77,13 @@ def build_encoder_for(method: LightningModule) -> Encoder:
 
 def check_options(method: LightningModule) -> None:
     """Options that cannot work together: low-precision or 4-bit weights suit a frozen backbone only
-    (what trains stays fp32)."""
+    (what trains stays fp32); a guide needs a loss that takes its mask (`drop`)."""
     hp = method.hparams
+    if method.guide is not None and "drop" not in inspect.signature(method.embedding_loss).parameters:
+        raise SentEmbUserError(
+            f"model.init_args.guide: {type(method).__name__}.embedding_loss takes no `drop`, so the guide's mask "
+            "would go unused; a method of your own takes `drop` and applies it (docs/negatives.md), or remove the guide"
+        )
     if hp.grad_cache_chunk < 0:
         raise SentEmbUserError(f"model.init_args.grad_cache_chunk must be >= 0 (0 = off), got {hp.grad_cache_chunk}")
     if not method.backbone_frozen and (hp.backbone_dtype != "fp32" or hp.load_in_4bit):

@@ -131,20 +131,20 @@ class ClusteringObjective:
         centroids truncated like the embeddings (re-normalized by the cosine)."""
         return {**batch, "clusters": self.assign_clusters(embeddings, batch)}
 
-    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(
+        self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         clusters = batch["clusters"] if "clusters" in batch else self.assign_clusters(embeddings, batch)
         anchors, positives = embeddings.unflatten(0, (2, -1))
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
         state = self.cluster_state
-        drop, guide_logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
         if clusters is None:  # plain InfoNCE (Eq. 1) until the σ criterion starts clustering
             loss, stats = self.loss_fn(anchors, positives, labels, drop=drop)
         else:
             centroids = state.centroids[:, : anchors.size(-1)]  # all of them unless Matryoshka truncates
             loss, stats = self.loss_fn(anchors, positives, labels, centroids, clusters.nearest, clusters.second_nearest,
                                        drop)
-        stats.update(guide_logs)
         stats["cluster/initialized"] = state.initialized.float()
         return loss, stats
 

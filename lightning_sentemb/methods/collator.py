@@ -8,6 +8,7 @@ building a batch reads.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from lightning.fabric.utilities.data import AttributeDict
 from ..encoders.plain import PlainFormat
 from ..errors import SentEmbUserError
 from ..losses.mlm import PredictedTokens, mask_tokens
-from .guide import guide_reads_text
+from .guide import guide_reads_text, guide_settings
 
 
 class Collator:
@@ -75,9 +76,18 @@ class Collator:
                             "predicted": PredictedTokens.from_labels(labels)}
         return batch
 
-    def add_guide_texts(self, batch: dict[str, Any], rows: list[list[int]]) -> dict[str, Any]:
-        """Attach each sentence row's text, decoded from its ids, when a guide model reads them
-        (`methods.guide`: it tokenizes them its own way)."""
+    def add_guide_texts(self, batch: dict[str, Any], rows: list[list[int]],
+                        templates: Sequence[int] | None = None) -> dict[str, Any]:
+        """What a guide reads of the sentence rows (`methods.guide`): each row's text, decoded from its ids,
+        when a guide model reads them (it tokenizes them its own way); with `drop_duplicates`, `row_keys`,
+        one int64 a row, equal for rows of equal ids under the same template (`templates[i]`, row i's
+        template, where a format has several). Python's hash of a tuple of ints is the same in every
+        process, so keys compare across DDP ranks."""
+        settings = guide_settings(self.hparams.get("guide"))
         if guide_reads_text(self.hparams.get("guide")):
             batch["texts"] = self.format.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        if settings is not None and settings["drop_duplicates"]:
+            templates = templates if templates is not None else [0] * len(rows)
+            keys = [hash((template, *row)) for template, row in zip(templates, rows, strict=True)]
+            batch["row_keys"] = torch.tensor(keys, dtype=torch.int64)
         return batch

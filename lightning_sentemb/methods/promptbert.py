@@ -53,7 +53,7 @@ class TemplateViews(Collator):
         row_templates = [t for view in templates for t in view]
         features = self.format.build(rows, self.max_length, row_templates, self.hparams.denoise_train)
         batch = {"features": features, "num_views": len(columns), "batch_size": len(examples)}
-        return self.add_guide_texts(batch, rows)
+        return self.add_guide_texts(batch, rows, row_templates)
 
 
 class PromptBERTViews(TemplateViews):
@@ -104,7 +104,8 @@ class PromptMethod(SimCSE):
             raise SentEmbUserError(f"model.init_args.pooler: {type(self).__name__} pools where its template is read "
                                    f"('mask'); got {pooler!r}")
         if kwargs.get("mlm_weight", 0.0) > 0:
-            raise SentEmbUserError(f"model.init_args.mlm_weight: {type(self).__name__} has no MLM auxiliary loss; set 0")
+            raise SentEmbUserError(f"model.init_args.mlm_weight: {type(self).__name__} has no MLM auxiliary loss; "
+                                   "set 0")
         super().__init__(backbone, pooler=pooler, **kwargs)
 
     def apply_family_defaults(self) -> None:

@@ -41,11 +41,12 @@ class SimCSE(SentEmbMethod):
         super().__init__(backbone, **kwargs)
         self.loss_fn = InfoNCELoss(self.hparams.temperature, hard_negative_weight)
 
-    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(
+        self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         views = embeddings.unflatten(0, (batch["num_views"], -1))
         anchors = views[0]
         positives = gather_with_grad(views[1])
         hard_negatives = torch.cat([gather_with_grad(view) for view in views[2:]]) if batch["num_views"] > 2 else None
         labels = local_labels(anchors.size(0), anchors.device)
-        drop, logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
-        return self.loss_fn(anchors, positives, labels, hard_negatives, drop), logs
+        return self.loss_fn(anchors, positives, labels, hard_negatives, drop), {}

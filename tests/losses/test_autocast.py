@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from lightning_sentemb.callbacks.kmeans import assign, update_centroids
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
+from lightning_sentemb.losses.dclr import dclr_loss, harder_noise
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.losses.nt_xent import nt_xent
@@ -44,6 +45,15 @@ def clusterns_loss(false_negatives: str):
     return loss
 
 
+def dclr(objective: str):
+    def loss(x: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        drop = (torch.arange(N)[:, None] + torch.arange(N)[None, :]) % 3 == 1
+        noise = harder_noise(x["hard_negatives"], x["anchors"], x["positives"], labels, 2, 0.1, 0.05, objective)
+        return dclr_loss(x["anchors"], x["positives"], noise, labels, 0.05, drop, objective)
+
+    return loss
+
+
 LOSSES = {
     # SimCSE, PromptBERT (template views), DCPCSE unsupervised
     "info_nce": lambda x, labels: InfoNCELoss()(x["anchors"], x["positives"], labels),
@@ -60,6 +70,8 @@ LOSSES = {
     # SNCSE (hard negatives as the soft negatives, a λ that shows the BML), SBERT's classifier
     "sncse": lambda x, labels: SNCSELoss(bml_weight=1.0)(x["anchors"], x["positives"], labels, x["hard_negatives"])[0],
     "sbert": lambda x, labels: sbert_loss(x["anchors"], x["positives"], labels % 3),
+    # DCLR: the noise moved by gradient ascent under autocast too, a third of the in-batch negatives dropped
+    **{f"dclr_{objective}": dclr(objective) for objective in ("paper", "reference")},
 }
 
 
