@@ -122,14 +122,27 @@ def trainer_options(ctx: Context, folder: str, steps: int) -> dict[str, Any]:
 
 def training_examples(method, sentences: list[str], count: int, kind: str = "unsup") -> list[dict[str, list[int]]]:
     """`count` tokenized examples cycling over `sentences`, cut to 32 tokens with the special ones, as the
-    DataModule's `max_seq_len 32` cuts them. `kind`: "unsup" (one sentence a line, `sent0`) or "nli"
-    (SimCSE's NLI triplets: `sent0`, its positive `sent1` and its hard negative `hard_neg`, here the next
-    two sentences)."""
+    DataModule's `max_seq_len 32` cuts them. `kind`: "unsup" (one sentence a line, `sent0`; with its
+    negation where the method reads one, SNCSE), "nli" (SimCSE's NLI triplets: `sent0`, its positive `sent1`
+    and its hard negative `hard_neg`, here the next two sentences) or "pairs" (SBERT's labelled pairs: each
+    sentence and the next, labels cycling over the three classes)."""
+    from lightning_sentemb.data.negation import NEGATION_COLUMN, lexicon_tokens, negate
+
     budget = 32 - method.encoder.format.num_special_tokens
-    ids = [row[:budget] for row in method.tokenizer(sentences, add_special_tokens=False)["input_ids"]]
+
+    def tokenized(texts: list[str]) -> list[list[int]]:
+        return [row[:budget] for row in method.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    ids = tokenized(sentences)
     if kind == "unsup":
+        if NEGATION_COLUMN in method.collator.required_columns:
+            negations = tokenized([negate(lexicon_tokens(sentence)).text for sentence in sentences])
+            return [{"sent0": ids[i % len(ids)], NEGATION_COLUMN: negations[i % len(ids)]} for i in range(count)]
         return [{"sent0": ids[i % len(ids)]} for i in range(count)]
     if kind == "nli":
         return [{"sent0": ids[i % len(ids)], "sent1": ids[(i + 1) % len(ids)], "hard_neg": ids[(i + 2) % len(ids)]}
                 for i in range(count)]
-    raise ValueError(f"unknown batch kind {kind!r}: unsup or nli")
+    if kind == "pairs":
+        return [{"premise": ids[i % len(ids)], "hypothesis": ids[(i + 1) % len(ids)], "label": i % 3}
+                for i in range(count)]
+    raise ValueError(f"unknown batch kind {kind!r}: unsup, nli or pairs")

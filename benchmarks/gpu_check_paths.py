@@ -6,8 +6,8 @@ A row is (name, method class, keyword arguments, batch kind, model):
   harness for the run's sizes: `From("bert")` the bert-base folder (a guide model), `From("chunk")` the
   gradient-cache rows per chunk, `From("clusters")` ClusterNS's K (≤ the batch), `From("lora")` LoRA
   settings of the run's rank (r 64 on a GPU).
-- batch: "unsup" (one sentence a line: the sentence's views) or "nli" (SimCSE's triplets: positive and one
-  hard negative).
+- batch: "unsup" (one sentence a line: the sentence's views; with its negation where the method reads one,
+  SNCSE), "nli" (SimCSE's triplets: positive and one hard negative) or "pairs" (SBERT's labelled pairs).
 - model: "bert" (bert-base) or "decoder" (the Qwen2-0.5B-shaped decoder).
 
 **Adding a method is adding a row** (import its class here): its defaults on the model its paper trains,
@@ -25,12 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_sentemb.methods import (
+    DCLR,
     DCPCSE,
     MNTP,
+    SBERT,
+    SCPCSE,
+    SNCSE,
+    BERTFlow,
     ClusterNS,
     ClusterNSPrefix,
     ClusterNSPrompt,
     ConPVP,
+    ConSERT,
     PromptBERT,
     SimCSE,
 )
@@ -72,6 +78,17 @@ PATHS = [
     TrainingPath("SimCSE echo, LoRA, hard negatives", SimCSE, {"template": "echo", **LLM}, batch="nli",
                  model="decoder"),
     TrainingPath("PromptEOL (last token), LoRA", PromptBERT, {"denoise_train": False, **LLM}, model="decoder"),
+    # the attack's backward to the embedding output and its third forward, the collated position gather
+    TrainingPath("ConSERT: shuffle + adversarial", ConSERT, {"augmentations": ["shuffle", "adversarial"]}),
+    # noise ascent (autograd.grad inside the loss, a CUDA generator); its own similarities weighing negatives
+    TrainingPath("DCLR, guide self (self instance weighting)", DCLR, {"guide": "self", "phi": 0.9}),
+    TrainingPath("DCLR, complementary model, the reference's objective", DCLR,
+                 {"guide": {"model": From("bert"), "pooler": "avg"}, "objective": "reference"}),
+    TrainingPath("SNCSE: negations, bidirectional margin loss", SNCSE, {"mlp": "train"}),
+    TrainingPath("SCPCSE (input-layer prompt, frozen backbone)", SCPCSE, {"mlp": "train"}),
+    TrainingPath("SBERT: NLI classification", SBERT, {}, batch="pairs"),
+    # one host read at the first step (a constant pooled dimension stops the fit), none after
+    TrainingPath("BERT-flow (flow on the frozen backbone)", BERTFlow, {"flow_levels": 2, "flow_depth": 2}),
 ]
 
 

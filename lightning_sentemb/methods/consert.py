@@ -188,13 +188,14 @@ class ConSERT(SentEmbMethod):
         return AugmentedEncoder(hp.backbone, hp.pooler, with_mlm_head=hp.mlm_weight > 0,
                                 shuffles="shuffle" in hp.augmentations)
 
-    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(
+        self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         view_a, view_b = embeddings.unflatten(0, (2, -1))
         labels = local_labels(view_a.size(0), view_a.device)
-        drop, logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
         loss = nt_xent(view_a, view_b, gather_with_grad(view_a), gather_with_grad(view_b), labels,
                        self.hparams.temperature, drop)
-        return self.hparams.loss_weight * loss, logs
+        return self.hparams.loss_weight * loss, {}
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """One forward of both views; with an adversarial view, three (`adversarial_loss`)."""

@@ -63,12 +63,12 @@ class SNCSE(PromptBERT):
         super().__init__(backbone, denoise_train=denoise_train, lr=lr, **kwargs)
         self.loss_fn = SNCSELoss(self.hparams.temperature, bml_weight, bml_alpha, bml_beta)
 
-    def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def embedding_loss(
+        self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         anchors, positives, soft_negatives = embeddings.unflatten(0, (3, -1))
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
-        drop, logs = self.guide.drop(batch, labels) if self.guide is not None else (None, {})
         if drop is not None:  # the guide judges every later view; the InfoNCE scores the positives only
             drop = drop[:, : positives.size(0)]
-        loss, stats = self.loss_fn(anchors, positives, labels, soft_negatives, drop)
-        return loss, {**stats, **logs}
+        return self.loss_fn(anchors, positives, labels, soft_negatives, drop)
