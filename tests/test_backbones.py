@@ -27,6 +27,8 @@ from lightning_sentemb.export import export
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -185,7 +187,16 @@ PACKED_METHODS = {
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
     "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
+    "esimcse": lambda path, family: with_filled_queue(build_method(ESimCSE, path, pooler="avg", queue_size=6)),
+    "mixcse": lambda path, family: build_method(MixCSE, path, pooler="avg", num_mixed=2),
 }
+
+
+def with_filled_queue(method: ESimCSE) -> ESimCSE:
+    """ESimCSE after a step of its own (no gradient): the loss reads a queue its momentum encoder filled."""
+    with torch.no_grad():
+        method.step_loss(method.collate(unsupervised_examples(method)))
+    return method
 
 
 @pytest.mark.parametrize("backbone", NEW_FAMILIES)
@@ -335,6 +346,8 @@ EXPORTED = {
     "ConPVP": lambda path: build_method(ConPVP, path, prompt_length=2),
     "DCPCSE": lambda path: build_method(DCPCSE, path, prefix_len=2),
     "ClusterNSPrefix": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2),
+    "ESimCSE": lambda path: build_method(ESimCSE, path),  # its momentum encoder and queue stay out
+    "MixCSE": lambda path: build_method(MixCSE, path),
 }
 
 

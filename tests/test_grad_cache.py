@@ -23,6 +23,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.mixcse import MixCSE
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
@@ -45,6 +46,9 @@ METHODS = {
     "conpvp_matryoshka": lambda path: build_method(ConPVP, path, matryoshka_dims=[16, 8]),
     "dcpcse_matryoshka": lambda path: build_method(DCPCSE, path, prefix_len=2, matryoshka_dims=[32, 8]),
     "clusterns_prompt_matryoshka": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2, matryoshka_dims=[32, 16, 8]),
+    # MixCSE's mixed negatives (ESimCSE's momentum step: tests/test_esimcse.py)
+    "mixcse": lambda path: build_method(MixCSE, path, num_mixed=2),
+    "mixcse_reference_matryoshka": lambda path: build_method(MixCSE, path, mix_layout="reference", matryoshka_dims=[32, 8]),
 }
 
 

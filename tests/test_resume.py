@@ -28,6 +28,9 @@ METHODS = {
     "dcpcse": ["--model", "lightning_sentemb.methods.DCPCSE", "--model.prefix_len", "2", "--model.mlm_weight", "0.1",
                "--model.lr", "1e-2"],
     "clusterns": ["--model", "lightning_sentemb.methods.ClusterNS", "--model.num_clusters", "2", "--model.sigma", "1.0"],
+    # the momentum encoder and its queue (2.5 batches: full from step 3, the kill); MixCSE's draw of partners
+    "esimcse": ["--model", "lightning_sentemb.methods.ESimCSE", "--model.pooler", "cls"],
+    "mixcse": ["--model", "lightning_sentemb.methods.MixCSE", "--model.pooler", "cls", "--model.num_mixed", "2"],
 }
 
 
@@ -109,7 +112,8 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # collate draws random numbers (ConPVP's templates, DCPCSE's MLM masks) also stopped with 2 and resumed
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
-                         [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns")),
+                         [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns", "esimcse",
+                                                           "mixcse")),
                           *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):
@@ -123,6 +127,8 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
     assert saved["global_step"] == KILL_AT
     if method == "clusterns":
         assert bool(saved["state_dict"]["cluster_state.initialized"])  # the resume carries live centroids
+    if method == "esimcse":
+        assert int(saved["state_dict"]["queue.filled"]) == 10  # and a full queue
     fit([*args, "--data.num_workers", str(resume_workers), "--ckpt_path", "last"], tmp_path / "losses.jsonl")
     assert read_losses(tmp_path / "losses.jsonl") == expected_losses  # float equality: bit for bit
     assert sorted(expected_losses) == list(range(1, MAX_STEPS + 1))

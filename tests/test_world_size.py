@@ -35,6 +35,10 @@ CASES = {
     "clusterns": ("clusterns", []),
     "simcse-gradcache": ("simcse", ["--model.grad_cache_chunk", "3"]),
     "simcse-lora": ("simcse", ["--model.lora", "{r: 4, alpha: 8, dropout: 0.0, target_modules: all-linear}"]),
+    # each rank pushes the global batch's keys; the partners are one draw (repetitions are drawn per rank
+    # as dropout is: off here, as dropout)
+    "esimcse": ("esimcse", ["--model.dup_rate", "0"]),
+    "mixcse": ("mixcse", []),
 }
 
 
@@ -77,7 +81,7 @@ def case_args(case: str, backbone: str, data: Path, corpus_file: Path, folder: P
 def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path:  # noqa: F811 (corpus: a fixture)
     """The folder where every case ran on 2 processes."""
     folder = tmp_path_factory.mktemp("two-processes")
-    # one launch for the three cases (tests/launch.py)
+    # one launch for every case (tests/launch.py)
     done = launch([case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES], folder / "commands.json")
     assert done.returncode == 0, done.stderr[-3000:]
     return folder

@@ -5,6 +5,8 @@ from .building import build_method
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .dcpcse import DCPCSE
+from .esimcse import ESimCSE
+from .mixcse import MixCSE
 from .mntp import MNTP
 from .promptbert import PromptBERT
 from .simcse import SimCSE
@@ -13,3 +15,4 @@ __all__ = [
     "DCPCSE", "MNTP", "ClusterNS", "ClusterNSPrefix", "ClusterNSPrompt", "ConPVP", "PromptBERT", "SentEmbMethod",
     "SimCSE", "build_method",
 ]
+__all__ += ["ESimCSE", "MixCSE"]
