@@ -29,7 +29,7 @@ from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.esimcse import ESimCSE
 from lightning_sentemb.methods.mixcse import MixCSE
-from tests.test_padding_free import assert_packed_equals_padded, without_dropout
+from tests.test_padding_free import assert_packed_equals_padded, with_filled_queue, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table .",
@@ -190,13 +190,6 @@ PACKED_METHODS = {
     "esimcse": lambda path, family: with_filled_queue(build_method(ESimCSE, path, pooler="avg", queue_size=6)),
     "mixcse": lambda path, family: build_method(MixCSE, path, pooler="avg", num_mixed=2),
 }
-
-
-def with_filled_queue(method: ESimCSE) -> ESimCSE:
-    """ESimCSE after a step of its own (no gradient): the loss reads a queue its momentum encoder filled."""
-    with torch.no_grad():
-        method.step_loss(method.collate(unsupervised_examples(method)))
-    return method
 
 
 @pytest.mark.parametrize("backbone", NEW_FAMILIES)

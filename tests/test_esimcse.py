@@ -1,5 +1,5 @@
 """ESimCSE: word repetition (which tokens repeat, seeded, under both counting rules and both units), the
-loss and its gradient against the paper's Eq. 4 written out (fp64), the momentum encoder and queue
+loss and its gradient against the paper's loss written out (fp64), the momentum encoder and queue
 against the reference's step (θm moves toward the step's weights, then embeds the step's anchors with
 dropout off, which join the queue after the loss), LoRA's momentum copy holding only the adapters,
 gradient caching exact with the same momentum step, and the switches that make it SimCSE again."""
@@ -7,12 +7,14 @@ gradient caching exact with the same momentum step, and the switches that make i
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lightning_sentemb.errors import SentEmbUserError
+from lightning_sentemb.fsdp import LayerFSDPStrategy
 from lightning_sentemb.methods import ESimCSE, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.esimcse import repeat_at, repeated_positions
@@ -90,14 +92,14 @@ def test_each_rule_draws_the_count_and_positions_it_says(rule, unit, length, cou
 
 
 def independent_loss(anchors, positives, keys) -> torch.Tensor:
-    """Eq. 4 written out: -log e^{s(h_i,h_i⁺)/τ} / (Σ_j e^{s(h_i,h_j⁺)/τ} + Σ_m e^{s(h_i,q_m)/τ})."""
+    """The paper's loss written out: -log e^{s(h_i,h_i⁺)/τ} / (Σ_j e^{s(h_i,h_j⁺)/τ} + Σ_m e^{s(h_i,q_m)/τ})."""
     def e(anchor, other):
         return torch.exp(F.cosine_similarity(anchor, other, dim=-1) / TAU)
 
     terms = []
-    for anchor, positive in zip(anchors, positives, strict=True):
+    for i, anchor in enumerate(anchors):
         denominator = sum(e(anchor, p) for p in positives) + sum(e(anchor, q) for q in keys)
-        terms.append(-torch.log(e(anchor, positive) / denominator))
+        terms.append(-torch.log(e(anchor, positives[i]) / denominator))
     return torch.stack(terms).mean()
 
 
@@ -116,6 +118,26 @@ def test_loss_and_gradient_equal_the_papers_equation(tiny_bert) -> None:
     (want_grad,) = torch.autograd.grad(want, reference)
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(grad, want_grad, rtol=1e-6, atol=1e-6)
+
+
+def test_the_guide_drops_in_batch_negatives_and_keeps_the_queue(tiny_bert) -> None:
+    """A self-guide: sentence 1 duplicates sentence 0, so each of the two anchors drops the other's positive
+    (a guide cosine equal to its own positive's), and nothing else; the queue's keys stay negatives."""
+    method = build_method(ESimCSE, tiny_bert, queue_size=5, guide="self").double().eval()  # eval: no momentum step
+    generator = torch.Generator().manual_seed(0)
+    keys = torch.randn(3, DIM, generator=generator, dtype=torch.float64)
+    method.queue.allocate(5, "queue_size")
+    method.queue.push(keys)
+    anchors = torch.randn(N, DIM, generator=generator, dtype=torch.float64)
+    positives = anchors + 0.1 * torch.randn(N, DIM, generator=generator, dtype=torch.float64)
+    anchors[1], positives[1] = anchors[0], positives[0]  # sentence 1 is sentence 0 again
+    loss, logs = method.sentence_loss(torch.cat([anchors, positives]), {"num_views": 2})
+    assert float(logs["guide/masked_fraction"]) == pytest.approx(2 / (N * (N - 1)))  # of the negatives
+    dropped = {0: 1, 1: 0}
+    kept = [[i, *(j for j in range(N) if j not in (i, dropped.get(i)))] for i in range(N)]  # own positive first
+    terms = [independent_loss(anchors[i : i + 1], positives[kept[i]], keys) for i in range(N)]
+    want = torch.stack(terms).mean()
+    torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-6)
 
 
 def momentum_method(path: str, **kwargs):
@@ -205,7 +227,7 @@ def test_without_repetition_and_queue_it_is_simcse(tiny_bert) -> None:
     torch.testing.assert_close(esimcse.training_loss(batch)[0], simcse.training_loss(simcse_batch)[0])
 
 
-def test_bad_settings_are_one_line(tiny_bert) -> None:
+def test_bad_settings_and_fsdp_are_one_line(tiny_bert) -> None:
     with pytest.raises(SentEmbUserError, match="dup_rule must be one of paper, reference"):
         build_method(ESimCSE, tiny_bert, dup_rule="code")
     with pytest.raises(SentEmbUserError, match="0 <= momentum < 1"):
@@ -214,6 +236,11 @@ def test_bad_settings_are_one_line(tiny_bert) -> None:
     queue.allocate(10, "model.init_args.queue_size")
     with pytest.raises(SentEmbUserError, match="model.init_args.queue_size: the checkpoint's queue holds 10"):
         queue.allocate(20, "model.init_args.queue_size")
+    method = build_method(ESimCSE, tiny_bert)
+    method._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), precision="bf16-mixed", gradient_clip_val=None,
+                                      accumulate_grad_batches=1, strategy=LayerFSDPStrategy())
+    with pytest.raises(SentEmbUserError, match="model.init_args.queue_batches: ESimCSE's momentum encoder needs"):
+        method.configure_callbacks()
     restored = EmbeddingQueue(DIM)
     restored.load_state_dict(queue.state_dict())  # a checkpoint brings its capacity
     assert restored.capacity == 10

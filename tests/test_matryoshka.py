@@ -13,7 +13,7 @@ from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss, info_nce
-from lightning_sentemb.losses.mixcse import mixcse_loss
+from lightning_sentemb.losses.mixcse import MixCSELoss
 from lightning_sentemb.matryoshka import truncate
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
@@ -66,7 +66,7 @@ def esimcse_reference(embeddings, method, dim):
 def mixcse_reference(embeddings, method, dim):
     """The mixes made of the truncated positives, the partners drawn once for every truncation."""
     rows = cut(embeddings, dim).unflatten(0, (2, -1))
-    return mixcse_loss(rows[0], rows[1], torch.arange(N), method.partners(N, torch.device("cpu")))
+    return MixCSELoss().paper(rows[0], rows[1], torch.arange(N), method.partners(N, torch.device("cpu")))
 
 
 CASES = {

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_sentemb.errors import SentEmbUserError
-from lightning_sentemb.losses.mixcse import mixcse_loss, mixing_partners, reference_mixcse_loss
+from lightning_sentemb.losses.mixcse import MixCSELoss, mixing_partners
 from lightning_sentemb.methods import MixCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.mixcse import example_order
@@ -55,7 +55,7 @@ def loss_and_grads(loss_fn, seed: int = 0) -> tuple[torch.Tensor, ...]:
 def test_loss_and_gradients_equal_the_papers_equation(stop_gradient: bool, num_mixed: int) -> None:
     partners = mixing_partners(N, num_mixed, "random", torch.Generator().manual_seed(3), torch.device("cpu"))
     labels = torch.arange(N)
-    got = loss_and_grads(lambda a, p: mixcse_loss(a, p, labels, partners, LAMBDA, TAU, stop_gradient))
+    got = loss_and_grads(lambda a, p: MixCSELoss(LAMBDA, TAU, stop_gradient).paper(a, p, labels, partners))
     want = loss_and_grads(lambda a, p: paper_loss(a, p, partners, stop_gradient))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-9)
@@ -80,7 +80,7 @@ def reference_code_loss(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
 
 def test_reference_layout_equals_the_reference_codes_computation() -> None:
     labels = torch.arange(N)
-    got = loss_and_grads(lambda a, p: reference_mixcse_loss(a, p, a.detach(), labels, LAMBDA, TAU))
+    got = loss_and_grads(lambda a, p: MixCSELoss(LAMBDA, TAU).reference(a, p, a.detach(), labels))
     want = loss_and_grads(reference_code_loss)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-9)
@@ -102,9 +102,10 @@ def test_two_ranks_slice_one_draw_and_average_to_one_process(tiny_bert) -> None:
     method = build_method(MixCSE, tiny_bert, num_mixed=2)
     partners = method.partners(N, torch.device("cpu"))
     assert torch.equal(partners, method.partners(N, torch.device("cpu")))  # (run seed, step) alone
-    whole = loss_and_grads(lambda a, p: mixcse_loss(a, p, torch.arange(N), partners))
+    loss = MixCSELoss()
+    whole = loss_and_grads(lambda a, p: loss.paper(a, p, torch.arange(N), partners))
     def ranks(anchors, positives):
-        parts = [mixcse_loss(anchors[r::2], positives, labels, partners[labels])
+        parts = [loss.paper(anchors[r::2], positives, labels, partners[labels])
                  for r in range(2) for labels in [torch.arange(N // 2) * 2 + r]]
         assert torch.equal(example_order(2, N // 2, torch.device("cpu")), torch.tensor([0, 3, 1, 4, 2, 5]))
         return sum(parts) / 2

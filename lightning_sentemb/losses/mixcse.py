@@ -24,7 +24,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..precision import exact_fp32
 from .info_nce import cosine_matrix
@@ -61,46 +61,43 @@ def mix(first: Tensor, second: Tensor, lam: float, stop_gradient: bool) -> Tenso
     return mixed.detach() if stop_gradient else mixed
 
 
-def mixcse_loss(
-    anchors: Tensor,
-    positives: Tensor,
-    labels: Tensor,
-    partners: Tensor,
-    lam: float = 0.2,
-    temperature: float = 0.05,
-    stop_gradient: bool = True,
-    drop: Tensor | None = None,
-) -> Tensor:
-    """The paper's layout: anchor i (row of `anchors`, its positive at column `labels[i]` of the global
-    `positives`) against every positive and its own mixes λ·positives[labels[i]] + (1 − λ)·positives[p]
-    for p in `partners[i]` (n, k). `drop` (n, positives) leaves in-batch negatives out (`losses.guide`)."""
-    mixed = mix(positives[labels][:, None], positives[partners], lam, stop_gradient)  # (n, k, d)
-    in_batch = cosine_matrix(anchors, positives) / temperature
-    if drop is not None:
-        in_batch = in_batch.masked_fill(drop, float("-inf"))
-    return F.cross_entropy(torch.cat([in_batch, row_cosines(anchors, mixed) / temperature], dim=1), labels)
+class MixCSELoss(nn.Module):
+    """InfoNCE with mixed negatives in either layout (module docstring): λ (`lam`), τ and stop-gradient in
+    the constructor, as sentence-transformers' losses; `paper` and `reference` compute the two layouts.
+    Every call: anchors (n, d) of this rank, `positives` (m, d) of the global batch, `labels[i]` the column
+    of anchor i's positive, `drop` (n, m) the in-batch negatives left out (`losses.guide`)."""
 
+    def __init__(self, lam: float = 0.2, temperature: float = 0.05, stop_gradient: bool = True) -> None:
+        super().__init__()
+        self.lam = lam
+        self.temperature = temperature
+        self.stop_gradient = stop_gradient
 
-def reference_mixcse_loss(
-    anchors: Tensor,
-    positives: Tensor,
-    all_anchors: Tensor,
-    labels: Tensor,
-    lam: float = 0.2,
-    temperature: float = 0.05,
-    stop_gradient: bool = True,
-    drop: Tensor | None = None,
-) -> Tensor:
-    """The reference's layout (module docstring); `all_anchors`: the global batch's anchors, as `positives`."""
-    total = positives.size(0)
-    columns = torch.arange(total, device=labels.device)[None]
-    mixed_positives = mix(positives, positives.roll(-1, 0), lam, stop_gradient)
-    mixed_anchors = mix(all_anchors, all_anchors.roll(-1, 0), lam, stop_gradient)[labels]
-    in_batch = cosine_matrix(anchors, positives) / temperature
-    if drop is not None:
-        in_batch = in_batch.masked_fill(drop, float("-inf"))
-    block1 = (cosine_matrix(anchors, mixed_positives) / temperature).masked_fill(
-        columns == (labels[:, None] - 1) % total, 0.0)
-    block2 = (cosine_matrix(mixed_anchors, positives) / temperature).masked_fill(
-        columns == (labels[:, None] + 1) % total, 0.0)
-    return F.cross_entropy(torch.cat([in_batch, block1, block2], dim=1), labels)
+    def in_batch_logits(self, anchors: Tensor, positives: Tensor, drop: Tensor | None) -> Tensor:
+        logits = cosine_matrix(anchors, positives) / self.temperature
+        return logits if drop is None else logits.masked_fill(drop, float("-inf"))
+
+    def paper(self, anchors: Tensor, positives: Tensor, labels: Tensor, partners: Tensor,
+              drop: Tensor | None = None) -> Tensor:
+        """Anchor i against every positive and its own mixes λ·positives[labels[i]] + (1 − λ)·positives[p] for
+        p in `partners[i]` (n, k)."""
+        mixed = mix(positives[labels][:, None], positives[partners], self.lam, self.stop_gradient)  # (n, k, d)
+        logits = [self.in_batch_logits(anchors, positives, drop), row_cosines(anchors, mixed) / self.temperature]
+        return F.cross_entropy(torch.cat(logits, dim=1), labels)
+
+    def reference(self, anchors: Tensor, positives: Tensor, all_anchors: Tensor, labels: Tensor,
+                  drop: Tensor | None = None) -> Tensor:
+        """The reference's layout; `all_anchors`: the global batch's anchors, in the positives' order."""
+        total, lam, tau = positives.size(0), self.lam, self.temperature
+        columns = torch.arange(total, device=labels.device)[None]
+        mixed_positives = mix(positives, positives.roll(-1, 0), lam, self.stop_gradient)
+        mixed_anchors = mix(all_anchors, all_anchors.roll(-1, 0), lam, self.stop_gradient)[labels]
+        own_in_mix = (cosine_matrix(anchors, mixed_positives) / tau).masked_fill(
+            columns == (labels[:, None] - 1) % total, 0.0)
+        mixed_anchor = (cosine_matrix(mixed_anchors, positives) / tau).masked_fill(
+            columns == (labels[:, None] + 1) % total, 0.0)
+        logits = [self.in_batch_logits(anchors, positives, drop), own_in_mix, mixed_anchor]
+        return F.cross_entropy(torch.cat(logits, dim=1), labels)
+
+    def get_config_dict(self) -> dict[str, float | bool]:
+        return {"lam": self.lam, "temperature": self.temperature, "stop_gradient": self.stop_gradient}

@@ -5,7 +5,7 @@ the embeddings a momentum encoder gave the last batches' sentences, kept in a qu
 
 Where the paper and the reference code differ (both supported, the paper's the default):
 
-- how many tokens repeat (`dup_rule`): the paper (§3.1, Eq. 1-2) draws dup_len uniformly from
+- how many tokens repeat (`dup_rule`): the paper (§3.1, "word repetition") draws dup_len uniformly from
   {0, …, max(2, ⌊dup_rate·N⌋)} over the N tokens of the sentence and the positions uniformly among them;
   the reference (train.py, dup_type "bpe") draws from {0, …, min(10, ⌊dup_rate·L⌋) − 1} where L counts the
   special tokens too, nothing when ⌊dup_rate·L⌋ is 0 (its word variant: from {0, …, min(10, W,
@@ -110,7 +110,8 @@ class ESimCSEViews(Collator):
 class ESimCSE(SentEmbMethod):
     """ESimCSE on a one-sentence-a-line corpus: word repetition for the positive, momentum contrast for
     more negatives. Each half can be switched off: `dup_rate` 0 (the positive is the sentence again,
-    SimCSE's dropout view) and `queue_batches` 0 with `queue_size` null (no momentum encoder, no queue).
+    SimCSE's dropout view) and `queue_size` 0, or `queue_batches` 0 with `queue_size` null (no momentum
+    encoder, no queue).
 
     Args:
         dup_rate: the maximal repetition rate (paper: 0.32 for BERT; the reference's run.sh: 0.3 for
@@ -162,7 +163,8 @@ class ESimCSE(SentEmbMethod):
         return hp.queue_size if hp.queue_size is not None else round(hp.queue_batches * local_batch * world()[1])
 
     def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """InfoNCE of each anchor against the global batch's positives and the queue's filled rows (Eq. 4)."""
+        """InfoNCE of each anchor against the global batch's positives and the queue's filled rows (the paper's
+        loss)."""
         if batch["num_views"] != 2:
             raise SentEmbUserError(f"ESimCSE is unsupervised (a sentence and its repetition); got {batch['num_views']} "
                                    "views: train on a one-sentence-a-line corpus")

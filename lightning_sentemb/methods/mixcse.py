@@ -25,7 +25,7 @@ from torch import Tensor
 from ..data.datamodule import batch_seed
 from ..distributed import gather_with_grad, local_labels, world
 from ..errors import SentEmbUserError
-from ..losses.mixcse import MixLayout, MixWith, mixcse_loss, mixing_partners, reference_mixcse_loss
+from ..losses.mixcse import MixCSELoss, MixLayout, MixWith, mixing_partners
 from .base import SentEmbMethod
 from .simcse import SimCSEViews
 
@@ -70,6 +70,7 @@ class MixCSE(SentEmbMethod):
             raise SentEmbUserError("model.init_args.mix_layout reference mixes each sentence with the next one, once: "
                                    "leave mix_with and num_mixed unset (or use mix_layout paper)")
         super().__init__(backbone, **kwargs)
+        self.loss_fn = MixCSELoss(mix_lambda, self.hparams.temperature, stop_gradient)
         if self.hparams.mix_with is None:  # checkpoints keep the value
             self.hparams.mix_with = "next" if mix_layout == "reference" else "random"
 
@@ -105,9 +106,6 @@ class MixCSE(SentEmbMethod):
         if hp.mix_layout == "reference":
             all_anchors = gather_with_grad(anchors.detach() if hp.stop_gradient else anchors)
             all_anchors = all_anchors if order is None else all_anchors.index_select(0, order)
-            loss = reference_mixcse_loss(anchors, positives, all_anchors, labels, hp.mix_lambda, hp.temperature,
-                                         hp.stop_gradient, drop)
-            return loss, logs
-        partners = self.partners(positives.size(0), anchors.device)[labels]
-        return mixcse_loss(anchors, positives, labels, partners, hp.mix_lambda, hp.temperature, hp.stop_gradient,
-                           drop), logs
+            return self.loss_fn.reference(anchors, positives, all_anchors, labels, drop), logs
+        partners = self.partners(positives.size(0), device)[labels]
+        return self.loss_fn.paper(anchors, positives, labels, partners, drop), logs

@@ -35,8 +35,8 @@ class MomentumEncoder(nn.Module):
         self.momentum = momentum
         self.names = [name for name, p in encoder.named_parameters() if p.requires_grad]
         if not self.names:
-            raise SentEmbUserError(f"{type(self).__name__}: nothing in the encoder trains, so a momentum encoder "
-                                   "would be the encoder itself; set the queue size to 0 or train the encoder")
+            raise SentEmbUserError("model.init_args.queue_batches: nothing in the encoder trains, so its momentum "
+                                   "encoder would be the encoder itself; set queue_batches 0 or train the encoder")
         trained = dict(encoder.named_parameters())
         for name in self.names:
             self.register_buffer(buffer_name(name), trained[name].detach().clone())

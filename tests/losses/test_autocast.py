@@ -11,7 +11,7 @@ from lightning_sentemb.callbacks.kmeans import assign, update_centroids
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss, info_nce
-from lightning_sentemb.losses.mixcse import mixcse_loss, mixing_partners, reference_mixcse_loss
+from lightning_sentemb.losses.mixcse import MixCSELoss, mixing_partners
 from lightning_sentemb.precision import exact_fp32
 
 N, DIM, K = 64, 48, 6
@@ -57,9 +57,9 @@ LOSSES = {
     "esimcse_queue": lambda x, labels: info_nce(x["anchors"], torch.cat([x["positives"], x["hard_negatives"]]), labels,
                                                 drop=torch.arange(2 * N)[None].expand(N, -1) >= 2 * N - 3),
     # MixCSE's mixed negatives, the paper's layout (2 each) and the reference's
-    "mixcse": lambda x, labels: mixcse_loss(x["anchors"], x["positives"], labels,
-                                            mixing_partners(N, 2, "next", None, labels.device)),
-    "mixcse_reference": lambda x, labels: reference_mixcse_loss(x["anchors"], x["positives"], x["anchors"], labels),
+    "mixcse": lambda x, labels: MixCSELoss().paper(x["anchors"], x["positives"], labels,
+                                                   mixing_partners(N, 2, "next", None, labels.device)),
+    "mixcse_reference": lambda x, labels: MixCSELoss().reference(x["anchors"], x["positives"], x["anchors"], labels),
 }
 
 
