@@ -47,8 +47,7 @@ METHODS = {
     "dcpcse_matryoshka": lambda path: build_method(DCPCSE, path, prefix_len=2, matryoshka_dims=[32, 8]),
     "clusterns_prompt_matryoshka": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2, matryoshka_dims=[32, 16, 8]),
     # MixCSE's mixed negatives (ESimCSE's momentum step: tests/test_esimcse.py)
-    "mixcse": lambda path: build_method(MixCSE, path, num_mixed=2),
-    "mixcse_reference_matryoshka": lambda path: build_method(MixCSE, path, mix_layout="reference", matryoshka_dims=[32, 8]),
+    "mixcse_matryoshka": lambda path: build_method(MixCSE, path, num_mixed=2, matryoshka_dims=[32, 8]),
 }
 
 

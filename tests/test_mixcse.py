@@ -6,6 +6,8 @@ and the settings refused in one line."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -93,6 +95,16 @@ def test_partners_are_other_rows_and_the_draw_is_the_steps() -> None:
     rows = torch.arange(8)[:, None]
     assert (drawn != rows).all() and all(len(set(r)) == 3 for r in drawn.tolist())
     assert torch.equal(drawn, mixing_partners(8, 3, "random", torch.Generator().manual_seed(0), cpu))
+
+
+def test_the_draw_is_the_steps_alone_so_a_resume_draws_the_same(tiny_bert) -> None:
+    """MixCSE keeps no state: step s's partners come from (run seed, s), whatever ran before."""
+    method, fresh = build_method(MixCSE, tiny_bert), build_method(MixCSE, tiny_bert)
+    cpu = torch.device("cpu")
+    first = method.partners(8, cpu)
+    method._trainer = fresh._trainer = SimpleNamespace(global_step=3)
+    assert not torch.equal(method.partners(8, cpu), first)
+    assert torch.equal(method.partners(8, cpu), fresh.partners(8, cpu))
 
 
 def test_two_ranks_slice_one_draw_and_average_to_one_process(tiny_bert) -> None:

@@ -33,7 +33,7 @@ METHODS = {
     "dcpcse_zero_first_last": lambda b: build_method(DCPCSE, b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
     "clusterns": lambda b: build_method(ClusterNS, b, pooler="cls", num_clusters=2, sigma=1.0),
     "esimcse": lambda b: with_filled_queue(build_method(ESimCSE, b, pooler="avg", queue_size=8)),
-    "mixcse_reference": lambda b: build_method(MixCSE, b, pooler="cls", mix_layout="reference"),
+    "mixcse": lambda b: build_method(MixCSE, b, pooler="cls", num_mixed=2),
 }
 
 
