@@ -28,6 +28,7 @@ from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, Cluste
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -186,9 +187,9 @@ PACKED_METHODS = {
     "dcpcse_shifted": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3),
     "dcpcse_zero": lambda path, family: build_method(DCPCSE, path, pooler="avg", prefix_len=3, position_offset="zero"),
     "clusterns": lambda path, family: build_method(ClusterNS, path, pooler="avg", num_clusters=2),
-    # the momentum forward (the encoder with the averaged tensors swapped in) on each family, packed and padded;
-    # MixCSE's forward is SimCSE's (its loss reads the embeddings alone: tests/test_padding_free.py)
+    # the momentum forward (the encoder with the averaged tensors swapped in) on each family, packed and padded
     "esimcse": lambda path, family: build_method(ESimCSE, path, queue_size=6),
+    "mixcse": lambda path, family: build_method(MixCSE, path, num_mixed=2),
 }
 
 

@@ -23,6 +23,7 @@ from lightning_sentemb.loading import load_method
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_grad_cache import CHUNK, examples, gradients, relative_error
 from tests.test_padding_free import without_dropout
 from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, fit, read_losses, run_args, trained_state
@@ -40,6 +41,7 @@ METHODS = {
     "simcse_qwen2": ("tiny_qwen2", lambda b, **k: build_method(SimCSE, b, pooler="avg", **k)),
     "simcse_llama": ("tiny_llama", lambda b, **k: build_method(SimCSE, b, pooler="avg", mlp="always", **k)),
     "esimcse_bert": ("tiny_bert", lambda b, **k: build_method(ESimCSE, b, **k)),  # the adapters' momentum copy
+    "mixcse_bert": ("tiny_bert", lambda b, **k: build_method(MixCSE, b, **k)),
 }
 
 

@@ -2,7 +2,7 @@
 stop-gradient, one and three mixed negatives), the reference's layout against its code's computation
 (shifted batch, masks that zero a logit, the second block of mixed anchors), the partners (the next ones,
 or drawn from (run seed, step) alone: every rank slices one draw, so 2 ranks' losses average to 1 process's),
-and the settings refused in one line."""
+the settings refused in one line, and the export (sentence-transformers and AutoModel load it)."""
 
 from __future__ import annotations
 
@@ -149,3 +149,18 @@ def test_settings_that_cannot_apply_are_one_line(tiny_bert) -> None:
         method.embedding_loss(torch.randn(2 * N, 32), {"num_views": 2})
     with pytest.raises(SentEmbUserError, match="MixCSE is unsupervised"):
         method.embedding_loss(torch.randn(3 * N, 32), {"num_views": 3})
+
+
+def test_the_export_loads_in_sentence_transformers_and_automodel(tiny_bert, tmp_path) -> None:
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from lightning_sentemb.export import export
+
+    sentences = ["a man plays guitar", "the cat sleeps"]
+    method = build_method(MixCSE, tiny_bert, pooler="avg").eval()
+    folder = export(method, tmp_path / "export")
+    model = SentenceTransformer(str(folder), device="cpu")
+    torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), method.encode(sentences),
+                               atol=1e-5, rtol=1e-5)
+    assert AutoModel.from_pretrained(folder).config.model_type == "bert"

@@ -28,8 +28,8 @@ METHODS = {
     "dcpcse": ["--model", "lightning_sentemb.methods.DCPCSE", "--model.prefix_len", "2", "--model.mlm_weight", "0.1",
                "--model.lr", "1e-2"],
     "clusterns": ["--model", "lightning_sentemb.methods.ClusterNS", "--model.num_clusters", "2", "--model.sigma", "1.0"],
-    # the momentum encoder and its queue (2.5 batches: full from step 3, the kill); MixCSE, which keeps no state
-    # (its partners are drawn from the run seed and the step: tests/test_mixcse.py), for the sync and DDP tests
+    # the momentum encoder and its queue (2.5 batches: full from step 3, the kill); MixCSE's partners, drawn
+    # from the run seed and the step
     "esimcse": ["--model", "lightning_sentemb.methods.ESimCSE", "--model.pooler", "cls"],
     "mixcse": ["--model", "lightning_sentemb.methods.MixCSE", "--model.pooler", "cls", "--model.num_mixed", "2"],
 }
@@ -113,7 +113,8 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # collate draws random numbers (ConPVP's templates, DCPCSE's MLM masks) also stopped with 2 and resumed
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
-                         [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns", "esimcse")),
+                         [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns",
+                                                           "esimcse", "mixcse")),
                           *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):

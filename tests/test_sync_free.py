@@ -80,10 +80,9 @@ def case_id(case: tuple[str, bool, bool]) -> str:
 # are chunked its own way: template-bias rows, prototypes, prefixes, the MLM loss, ClusterNS's σ read);
 # the padded path once per input format (plain, template, prefix with its MLM), and once cached.
 # Whether the batch is padded or packed is decided in the encoders by the format, not by the method.
-# ESimCSE and MixCSE cache no rows of their own (ESimCSE's momentum forward in the caching chunks runs
-# the ops of its unchunked one): their padding-free fits alone.
+# MixCSE's rows are chunked as SimCSE's (its loss reads the embeddings alone): its padding-free fit alone.
 CASES = [*((method, True, grad_cache) for grad_cache in (False, True) for method in METHODS
-           if not (grad_cache and method in ("esimcse", "mixcse"))),
+           if not (grad_cache and method == "mixcse")),
          *((method, False, False) for method in ("simcse", "promptbert", "dcpcse")),
          ("simcse", False, True)]
 
