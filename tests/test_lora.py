@@ -23,6 +23,8 @@ from lightning_sentemb.loading import load_method
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
+from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 from tests.test_grad_cache import CHUNK, examples, gradients, relative_error
 from tests.test_padding_free import without_dropout
 from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, fit, read_losses, run_args, trained_state
@@ -42,6 +44,8 @@ METHODS = {
     # the adversarial attack's gradient with respect to a frozen embedding layer's output
     "consert_adversarial_bert": ("tiny_bert", lambda b, **k: build_method(
         ConSERT, b, augmentations=["feature_cutoff", "adversarial"], mlp="train", **k)),
+    "esimcse_bert": ("tiny_bert", lambda b, **k: build_method(ESimCSE, b, **k)),  # the adapters' momentum copy
+    "mixcse_bert": ("tiny_bert", lambda b, **k: build_method(MixCSE, b, **k)),
 }
 
 

@@ -12,12 +12,15 @@ from lightning_sentemb.callbacks.kmeans import assign
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
-from lightning_sentemb.losses.info_nce import InfoNCELoss
+from lightning_sentemb.losses.info_nce import InfoNCELoss, info_nce
+from lightning_sentemb.losses.mixcse import MixCSELoss
 from lightning_sentemb.matryoshka import truncate
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
 from tests.test_consert import paper_nt_xent
+from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 
 DIMS, WEIGHTS = [32, 16, 8], [1.0, 0.5, 2.0]
 N = 4  # sentences
@@ -48,6 +51,26 @@ def clusterns_reference(embeddings, method, dim):
                 clusters.nearest, clusters.second_nearest)[0]
 
 
+def esimcse_with_queue(path: str) -> ESimCSE:
+    """A queue of 5 holding 3 keys; in evaluation mode, so the loss takes no momentum step of its own."""
+    method = build_method(ESimCSE, path, queue_size=5, **MATRYOSHKA).eval()
+    method.queue.allocate(5, "queue_size")
+    method.queue.push(torch.randn(3, 32, generator=torch.Generator().manual_seed(1)))
+    return method
+
+
+def esimcse_reference(embeddings, method, dim):
+    """The queue's keys truncated like the rows, extra columns of every anchor's softmax."""
+    rows = cut(embeddings, dim).unflatten(0, (2, -1))
+    return info_nce(rows[0], torch.cat([rows[1], cut(method.queue.embeddings[-3:], dim)]), torch.arange(N))
+
+
+def mixcse_reference(embeddings, method, dim):
+    """The mixes made of the truncated positives, the partners drawn once for every truncation."""
+    rows = cut(embeddings, dim).unflatten(0, (2, -1))
+    return MixCSELoss().paper(rows[0], rows[1], torch.arange(N), method.partners(N, torch.device("cpu")))
+
+
 CASES = {
     "simcse": (lambda p: build_method(SimCSE, p, **MATRYOSHKA), 2, simcse_reference(InfoNCELoss(0.05), 2)),
     "simcse_sup": (lambda p: build_method(SimCSE, p, hard_negative_weight=0.5, **MATRYOSHKA), 3,
@@ -62,6 +85,8 @@ CASES = {
                          clusterns_reference),
     "consert": (lambda p: build_method(ConSERT, p, **MATRYOSHKA), 2,
                 lambda embeddings, method, dim: paper_nt_xent(*cut(embeddings, dim).unflatten(0, (2, -1)), 0.1)),
+    "esimcse": (esimcse_with_queue, 2, esimcse_reference),
+    "mixcse": (lambda p: build_method(MixCSE, p, num_mixed=2, **MATRYOSHKA), 2, mixcse_reference),
 }
 
 

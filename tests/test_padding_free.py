@@ -16,6 +16,8 @@ from lightning_sentemb.encoders.kernels import aligned_attention, math_attention
 from lightning_sentemb.encoders.layout import TokenLayout
 from lightning_sentemb.methods import DCPCSE, BERTFlow, ClusterNS, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.esimcse import ESimCSE
+from lightning_sentemb.methods.mixcse import MixCSE
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",
              "two dogs run across the field today .", "nice .", "a woman is slicing an onion on the table ."]
@@ -31,7 +33,16 @@ METHODS = {
     "dcpcse_zero_first_last": lambda b: build_method(DCPCSE, b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
     "clusterns": lambda b: build_method(ClusterNS, b, pooler="cls", num_clusters=2, sigma=1.0),
     "flow_first_last": lambda b: build_method(BERTFlow, b, flow_levels=2, flow_depth=2, flow_coupling_width=4),
+    "esimcse": lambda b: with_filled_queue(build_method(ESimCSE, b, pooler="avg", queue_size=8)),
+    "mixcse": lambda b: build_method(MixCSE, b, pooler="cls", num_mixed=2),
 }
+
+
+def with_filled_queue(method: ESimCSE) -> ESimCSE:
+    """ESimCSE after a step of its own (no gradient): the loss reads a queue its momentum encoder filled."""
+    with torch.no_grad():
+        method.step_loss(batch_for(method, supervised=False))
+    return method
 
 
 def without_dropout(method: nn.Module) -> nn.Module:

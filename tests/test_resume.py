@@ -37,6 +37,10 @@ METHODS = {
     "flow": ["--model", "lightning_sentemb.methods.BERTFlow", "--model.flow_levels", "2", "--model.flow_depth", "2"],
     # noise negatives drawn per batch, its own similarities weighing the in-batch ones
     "dclr": ["--model", "lightning_sentemb.methods.DCLR", "--model.guide", "self", "--model.phi", "0.95"],
+    # the momentum encoder and its queue (2.5 batches: full from step 3, the kill); MixCSE's partners, drawn
+    # from the run seed and the step
+    "esimcse": ["--model", "lightning_sentemb.methods.ESimCSE", "--model.pooler", "cls"],
+    "mixcse": ["--model", "lightning_sentemb.methods.MixCSE", "--model.pooler", "cls", "--model.num_mixed", "2"],
 }
 
 
@@ -119,7 +123,7 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
                          [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns",
-                                                           "consert", "flow", "dclr")),
+                                                           "consert", "flow", "dclr", "esimcse", "mixcse")),
                           *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):
@@ -135,6 +139,8 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
         assert bool(saved["state_dict"]["cluster_state.initialized"])  # the resume carries live centroids
     if method == "flow":  # the flow started from the first batch, and is not started again on resume
         assert bool(saved["state_dict"]["flow.initialized"])
+    if method == "esimcse":
+        assert int(saved["state_dict"]["queue.filled"]) == 10  # and a full queue
     fit([*args, "--data.num_workers", str(resume_workers), "--ckpt_path", "last"], tmp_path / "losses.jsonl")
     assert read_losses(tmp_path / "losses.jsonl") == expected_losses  # float equality: bit for bit
     assert sorted(expected_losses) == list(range(1, MAX_STEPS + 1))

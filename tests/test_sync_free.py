@@ -84,10 +84,10 @@ def case_id(case: tuple[str, bool, bool]) -> str:
 # the padded path once per input format (plain, template, prefix with its MLM), and once cached.
 # Whether the batch is padded or packed is decided in the encoders by the format, not by the method.
 # SNCSE runs PromptBERT's views and adds its loss: checked once, uncached; BERT-flow's loss is per sentence: it
-# refuses caching; DCLR is SimCSE's rows with another loss, which runs once a step either way: its uncached
-# case reads it.
+# refuses caching; DCLR is SimCSE's rows with another loss, which runs once a step either way, and MixCSE's rows
+# are chunked as SimCSE's (its loss reads the embeddings alone): their uncached cases read them.
 CASES = [*((method, True, grad_cache) for grad_cache in (False, True) for method in METHODS
-           if method != "sncse" and not (grad_cache and method in ("flow", "dclr"))),
+           if method != "sncse" and not (grad_cache and method in ("flow", "dclr", "mixcse"))),
          ("sncse", True, False),
          *((method, False, False) for method in ("simcse", "promptbert", "dcpcse")),
          ("simcse", False, True)]

@@ -45,6 +45,10 @@ CASES = {
     # the attack's gradient takes every process's loss terms (through the gathers' backward); no drawn
     # augmentation beside it: a batch's draws are seeded by rank (as dropout's), not by example
     "consert-adversarial": ("consert", ["--model.augmentations", "[none, adversarial]", "--model.lr", "3e-5"]),
+    # each rank pushes the global batch's keys; the partners are one draw (repetitions are drawn per rank
+    # as dropout is: off here, as dropout)
+    "esimcse": ("esimcse", ["--model.dup_rate", "0"]),
+    "mixcse": ("mixcse", []),
 }
 
 

@@ -7,7 +7,9 @@ from .conpvp import ConPVP
 from .consert import ConSERT
 from .dclr import DCLR
 from .dcpcse import DCPCSE
+from .esimcse import ESimCSE
 from .flow import BERTFlow
+from .mixcse import MixCSE
 from .mntp import MNTP
 from .promptbert import PromptBERT
 from .sbert import SBERT
@@ -17,5 +19,5 @@ from .sncse import SNCSE
 
 __all__ = [
     "DCLR", "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "BERTFlow", "ClusterNS", "ClusterNSPrefix",
-    "ClusterNSPrompt", "ConPVP", "ConSERT", "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
+    "ClusterNSPrompt", "ConPVP", "ConSERT", "ESimCSE", "MixCSE", "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
 ]

@@ -15,6 +15,8 @@ from lightning_sentemb.losses.info_nce import InfoNCELoss
 from lightning_sentemb.losses.nt_xent import nt_xent
 from lightning_sentemb.losses.nli_softmax import NLISoftmaxLoss
 from lightning_sentemb.losses.sncse import SNCSELoss
+from lightning_sentemb.losses.info_nce import InfoNCELoss, info_nce
+from lightning_sentemb.losses.mixcse import MixCSELoss, mixing_partners
 from lightning_sentemb.precision import exact_fp32
 
 N, DIM, K = 64, 48, 6
@@ -72,6 +74,13 @@ LOSSES = {
     "sbert": lambda x, labels: sbert_loss(x["anchors"], x["positives"], labels % 3),
     # DCLR: the noise moved by gradient ascent under autocast too, a third of the in-batch negatives dropped
     **{f"dclr_{objective}": dclr(objective) for objective in ("paper", "reference")},
+    # ESimCSE: the queue's keys as extra columns, its unfilled rows dropped
+    "esimcse_queue": lambda x, labels: info_nce(x["anchors"], torch.cat([x["positives"], x["hard_negatives"]]), labels,
+                                                drop=torch.arange(2 * N)[None].expand(N, -1) >= 2 * N - 3),
+    # MixCSE's mixed negatives, the paper's layout (2 each) and the reference's
+    "mixcse": lambda x, labels: MixCSELoss().paper(x["anchors"], x["positives"], labels,
+                                                   mixing_partners(N, 2, "next", None, labels.device)),
+    "mixcse_reference": lambda x, labels: MixCSELoss().reference(x["anchors"], x["positives"], x["anchors"], labels),
 }
 
 
