@@ -122,7 +122,8 @@ def test_loss_and_gradient_equal_the_papers_equation(tiny_bert) -> None:
 
 def test_the_guide_drops_in_batch_negatives_and_keeps_the_queue(tiny_bert) -> None:
     """A self-guide: sentence 1 duplicates sentence 0, so each of the two anchors drops the other's positive
-    (a guide cosine equal to its own positive's), and nothing else; the queue's keys stay negatives."""
+    (the same text as its own positive: Qwen3-Embedding's duplicate rule, by the rows' keys; its score rule
+    drops nothing here), and nothing else; the queue's keys stay negatives."""
     method = build_method(ESimCSE, tiny_bert, queue_size=5, guide="self").double().eval()  # eval: no momentum step
     generator = torch.Generator().manual_seed(0)
     keys = torch.randn(3, DIM, generator=generator, dtype=torch.float64)
@@ -131,7 +132,9 @@ def test_the_guide_drops_in_batch_negatives_and_keeps_the_queue(tiny_bert) -> No
     anchors = torch.randn(N, DIM, generator=generator, dtype=torch.float64)
     positives = anchors + 0.1 * torch.randn(N, DIM, generator=generator, dtype=torch.float64)
     anchors[1], positives[1] = anchors[0], positives[0]  # sentence 1 is sentence 0 again
-    loss, logs = method.sentence_loss(torch.cat([anchors, positives]), {"num_views": 2})
+    row_keys = torch.arange(2 * N)
+    row_keys[N + 1] = row_keys[N]  # positive 1's text is positive 0's
+    loss, logs = method.sentence_loss(torch.cat([anchors, positives]), {"num_views": 2, "row_keys": row_keys})
     assert float(logs["guide/masked_fraction"]) == pytest.approx(2 / (N * (N - 1)))  # of the negatives
     dropped = {0: 1, 1: 0}
     kept = [[i, *(j for j in range(N) if j not in (i, dropped.get(i)))] for i in range(N)]  # own positive first
