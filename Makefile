@@ -47,11 +47,14 @@ demo: $(STAMP)
 # stops the xdist workers and whatever they started with it (a shell in between would die alone).
 # `--dist worksteal`: a worker that runs out of tests takes some of the other's (the slow fits would
 # otherwise queue on one worker); tests/conftest.py gives each worker its share of the cores.
+# The lint gate runs first, as its own recipe line: `ruff check` with pyproject.toml's rules (under a second).
 test: $(STAMP)
+	$(BIN)/ruff check .
 	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 --dist worksteal --durations=15 -q
 
-# The suite without the tests marked slow.
+# The suite without the tests marked slow (after the same lint gate).
 test-fast: $(STAMP)
+	$(BIN)/ruff check .
 	WANDB_MODE=disabled exec $(BIN)/python -m pytest -n 2 --dist worksteal -q -m "not slow"
 
 # make train METHOD=demo/simcse ARGS='--trainer.max_steps 20 --model.init_args.lr 1e-5'

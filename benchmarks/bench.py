@@ -10,8 +10,8 @@ Evaluation: the full 7-task STS evaluation (`evaluate_sts` over `method.encode`)
 sentence-transformers' `encode` of the same sentences at the same batch size, alternately, after an
 untimed warm-up of each.
 Decoder: the same training comparison with last-token pooling on a randomly initialized Qwen2-shaped
-decoder of 92M parameters with a BPE tokenizer trained on wiki1m (`random_models.qwen2_decoder`), sentence-transformers built as
-Transformer + Pooling("lasttoken") on the same folder.
+decoder of 92M parameters with a BPE tokenizer trained on wiki1m (`random_models.qwen2_decoder`),
+sentence-transformers built as Transformer + Pooling("lasttoken") on the same folder.
 Steps before `--warmup` are not timed. Prints each target with met / missed.
 """
 
@@ -213,13 +213,16 @@ def main() -> None:
         steps = options.decoder_steps
         rows += training_rows(
             "decoder (Qwen2-shaped, 92M), last-token SimCSE training",
-            lambda precision: time_ours(decoder, options.data_dir, steps, options.batch, precision, cache, pooler="last"),
+            lambda precision: time_ours(decoder, options.data_dir, steps, options.batch, precision, cache,
+                                        pooler="last"),
             lambda bf16: time_sentence_transformers(decoder, lines, steps, options.batch, bf16, pooling="lasttoken"),
             options.rounds, options.warmup, options.batch, 1.4, precisions)
     if not options.skip_eval:
-        ours_s, theirs_s, scores, their_scores = time_sts(backbone, options.data_dir, options.eval_batch, options.eval_rounds)
+        ours_s, theirs_s, scores, their_scores = time_sts(backbone, options.data_dir, options.eval_batch,
+                                                          options.eval_rounds)
         ratio = theirs_s / ours_s
-        rows.append(f"| 7-task STS evaluation, fp32 (s, wall) | {ours_s:.1f} | {theirs_s:.1f} | {ratio:.2f}× | {verdict(ratio, 2.0)} |")
+        rows.append(f"| 7-task STS evaluation, fp32 (s, wall) | {ours_s:.1f} | {theirs_s:.1f} | {ratio:.2f}× "
+                    f"| {verdict(ratio, 2.0)} |")
         gap = max(abs(scores[k] - their_scores[k]) for k in scores)
         print("STS (avg pooling), ours:", {k: round(v, 2) for k, v in scores.items()})
         print("STS (avg pooling), sentence-transformers:", {k: round(v, 2) for k, v in their_scores.items()})
@@ -227,7 +230,8 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
     load = os.getloadavg()
     print(f"\nbatch {options.batch}, max_len 32, {options.rounds} alternating runs x {options.steps} steps "
-          f"({options.warmup} untimed each), median; {device}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
+          f"({options.warmup} untimed each), median; {device}; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
     print("| measure | lightning_sentemb | sentence-transformers | speed-up | target |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))

@@ -25,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -108,8 +109,8 @@ def time_sentence_transformers(backbone: str, sentences: list[str], device: torc
     from sentence_transformers import SentenceTransformer, losses, models
 
     transformer = models.Transformer(backbone, max_seq_length=32)
-    model = SentenceTransformer(modules=[transformer, models.Pooling(transformer.get_word_embedding_dimension(), "cls")],
-                                device=str(device))
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), "cls")
+    model = SentenceTransformer(modules=[transformer, pooling], device=str(device))
     loss_fn = losses.MultipleNegativesRankingLoss(model, scale=20.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=True)
     tokenize = getattr(model, "preprocess", None) or model.tokenize  # renamed in sentence-transformers 6
@@ -134,7 +135,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak (default: by GPU name)")
     parser.add_argument("--data-dir", default=os.environ.get("SENTEMB_DATA", "../shared/data"))
-    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, batch 8, 1 step: checks the script, measures nothing")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model on CPU, batch 8, 1 step: checks the script, measures nothing")
     parser.add_argument("--output", default=None, help="also write the rows as JSON")
     options = parser.parse_args()
     if options.smoke:
@@ -152,7 +154,8 @@ def main() -> None:
         mfu = flops / seconds / (peak * 1e12) if peak else float("nan")
         rows.append({"method": method, "forward": forward, "batch": batch, "sentences_per_s": batch / seconds,
                      "mfu": mfu, "peak_mib": memory})
-        print(f"| {method} | {forward} | {batch} | {batch / seconds:,.0f} | {mfu:.1%} | {memory:,.0f} MiB |", flush=True)
+        print(f"| {method} | {forward} | {batch} | {batch / seconds:,.0f} | {mfu:.1%} | {memory:,.0f} MiB |",
+              flush=True)
 
     with tempfile.TemporaryDirectory() as folder:
         backbone = random_bert(folder, **(TINY_BERT if options.smoke else {}))
@@ -170,11 +173,12 @@ def main() -> None:
                 flops = method_flops(method, prepared["features"]["attention_mask"])
                 for padding_free in (True, False):
                     method.encoder.configure_speed(padding_free, compile_layers=False)
-                    seconds, memory = timed(lambda: train_step(method, prepared, optimizer, clustering, True),
-                                            device, options.steps, options.warmup)
+                    step = partial(train_step, method, prepared, optimizer, clustering, True)
+                    seconds, memory = timed(step, device, options.steps, options.warmup)
                     record(method_name, "padding-free" if padding_free else "padded", batch, seconds, memory, flops)
-                method = optimizer = None  # free this method before the next one is built
-            seconds, memory, flops = time_sentence_transformers(backbone, sentences, device, options.steps, options.warmup)
+                method = optimizer = step = None  # free this method before the next one is built
+            seconds, memory, flops = time_sentence_transformers(backbone, sentences, device, options.steps,
+                                                                options.warmup)
             record("sentence-transformers (MNRL)", "padded", batch, seconds, memory, flops)
     if options.output:
         from lightning_sentemb.atomic_io import atomic_write_json

@@ -174,7 +174,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, r in results.items():
         ratio = r["ms_per_example"] / base["ms_per_example"]
-        print(f"| {name} | {r['ms_per_example']:.2f} | {ratio:.2f} | {r['peak_mib']:.0f} | {r['above_start_mib']:.0f} |")
+        print(f"| {name} | {r['ms_per_example']:.2f} | {ratio:.2f} | {r['peak_mib']:.0f} "
+              f"| {r['above_start_mib']:.0f} |")
     embeddings = 2 * args.batch * 384 * 4 / 2**20
     print(f"\nThe cached batch's embeddings (2 × B rows × 384 fp32): {embeddings:.1f} MiB.")
 

@@ -4,8 +4,9 @@ Unsupervised SimCSE (dropout views, batch `--batch` sentences of `--length` toke
 step included, through Lightning's Trainer) on a randomly initialized Qwen2-shaped decoder of about
 100M parameters (`random_models.qwen2_decoder`: hidden 768, 12 layers, 12 query / 2 key-value heads,
 FFN 2048, a BPE tokenizer trained on the wiki1m mirror), built here, last-token pooling: full
-fine-tuning vs LoRA vs LoRA + gradient checkpointing. Each configuration runs in a fresh process; on CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU
-`torch.cuda.max_memory_allocated`. The first step is an untimed warm-up. The checkpoint is the one a
+fine-tuning vs LoRA vs LoRA + gradient checkpointing. Each configuration runs in a fresh process; on
+CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU `torch.cuda.max_memory_allocated`.
+The first step is an untimed warm-up. The checkpoint is the one a
 fit writes (`trainer.save_checkpoint`: weights or adapters, optimizer and run state), so its size ratio
 is about the trainable fraction: LoRA r 16 on all linear layers here (r 64, the PromptEOL reference's,
 is 2.4% of a 7B model but 10% of this small one). Prints a Markdown table with the ratios.
@@ -53,8 +54,8 @@ def child(args: argparse.Namespace) -> dict:
     lora, checkpointing = CONFIGS[args.child]
     torch.manual_seed(0)
     settings = {"r": args.r, "alpha": 2 * args.r, "dropout": 0.05, "target_modules": "all-linear"}
-    method = build_method(SimCSE, args.backbone, pooler="last", mlp="none", lr=1e-5, gradient_checkpointing=checkpointing,
-                    lora=settings if lora else None)
+    method = build_method(SimCSE, args.backbone, pooler="last", mlp="none", lr=1e-5,
+                          gradient_checkpointing=checkpointing, lora=settings if lora else None)
     vocab = range(1000, len(method.tokenizer))  # ordinary word pieces
     rng = random.Random(0)
     steps = args.steps + 1

@@ -175,7 +175,8 @@ def sweep_parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="sentemb sweep", description="Run a W&B sweep file locally, offline.",
         usage="sentemb sweep SWEEP_FILE [--runs N] [--root DIR] [--method M] [--seed S] [-- FIT ARGS ...]",
-        epilog="Arguments after `--` are appended to every run's `sentemb fit` (e.g. -- -c experiments/trainer/a100.yaml).",
+        epilog="Arguments after `--` are appended to every run's `sentemb fit` "
+               "(e.g. -- -c experiments/trainer/a100.yaml).",
     )
     parser.add_argument("sweep_file", help="W&B sweep YAML (experiments/sweeps/*.yaml)")
     parser.add_argument("--runs", type=int, default=None, help="number of runs (default: every grid point)")

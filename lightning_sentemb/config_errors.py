@@ -77,7 +77,8 @@ def describe_parse_error(message: str, keys: Iterable[str], config_files: Sequen
         name = unknown_argument.group(1)
         return (f"{key}.init_args.{name}: {class_path.rpartition('.')[2]} has no such argument"
                 f"{_suggestion(name, accepted_arguments(class_path))}")
-    missing_class = re.search(r"module '[\w.]+' has no attribute '(\w+)'|Expected a dot import path string: (\S+)", message)
+    missing_class = re.search(r"module '[\w.]+' has no attribute '(\w+)'|Expected a dot import path string: (\S+)",
+                              message)
     if missing_class:
         name = missing_class.group(1) or missing_class.group(2)
         return f"{key}: no class named {name!r}{_suggestion(name, _sibling_classes(message))}"

@@ -48,7 +48,9 @@ class SentEmbProgressBar(RichProgressBar):
 
     def _get_train_description(self, current_epoch: int) -> str:
         max_epochs = self.trainer.max_epochs
-        description = f"Epoch {current_epoch}" + (f"/{max_epochs - 1}" if max_epochs is not None and max_epochs > 0 else "")
+        description = f"Epoch {current_epoch}"
+        if max_epochs is not None and max_epochs > 0:
+            description += f"/{max_epochs - 1}"
         return f"{description:{len(self.validation_description)}}"  # padded like Lightning's, against flicker
 
     @property
@@ -90,8 +92,8 @@ class PlainProgress(ProgressBar):
     The loss is read back from the device only when a line is printed (once per 30 s at most between
     the N-step lines), never on the other steps."""
 
-    def __init__(self, every_n_steps: int | None = None, every_seconds: float = 30.0, monitor: str = "val/STSBenchmark-dev",
-                 monitor_label: str = "STS-B dev") -> None:
+    def __init__(self, every_n_steps: int | None = None, every_seconds: float = 30.0,
+                 monitor: str = "val/STSBenchmark-dev", monitor_label: str = "STS-B dev") -> None:
         super().__init__()
         self.every_n_steps, self.every_seconds = every_n_steps, every_seconds
         self.monitor, self.monitor_label = monitor, monitor_label
@@ -204,7 +206,7 @@ class SentEmbModelSummary(RichModelSummary):
         table = Table(header_style=summarize_kwargs.get("header_style", "bold magenta"))
         for name, _ in columns:
             table.add_column(name, justify="right" if name in ("Params", "In sizes", "Out sizes") else "left")
-        for row in zip(*(values for _, values in columns)):
+        for row in zip(*(values for _, values in columns), strict=True):
             table.add_row(*row)
         totals = Table.grid()
         for label, value in [
@@ -233,8 +235,9 @@ def fit_summary(trainer: Trainer, checkpoint: SentEmbCheckpoint, monitor_label: 
     files += [("metrics.csv", logger.experiment.metrics_file_path) for logger in trainer.loggers
               if isinstance(logger, CSVLogger)]
     # a resumed run continues the same W&B run (same id) in a new offline folder: every one is named
-    offline_runs = [str(folder) for logger in trainer.loggers if isinstance(logger, WandbLogger) and logger.experiment.offline
-                    for folder in sorted(Path(logger.experiment.dir).parent.parent.glob(f"offline-run-*-{logger.version}"))]
+    offline = [logger for logger in trainer.loggers if isinstance(logger, WandbLogger) and logger.experiment.offline]
+    offline_runs = [str(folder) for logger in offline for folder in
+                    sorted(Path(logger.experiment.dir).parent.parent.glob(f"offline-run-*-{logger.version}"))]
     files = [(name, path) for name, path in files if path and Path(path).is_file()]
     files += [("W&B run", run) for run in offline_runs]
     width = max((len(name) for name, _ in files), default=0)

@@ -82,13 +82,15 @@ class SentEmbCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(SentEmbCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.monitor": SELECTION_METRIC, "checkpoint.mode": "max", "checkpoint.filename": "best"})
+        parser.set_defaults({"checkpoint.monitor": SELECTION_METRIC, "checkpoint.mode": "max",
+                             "checkpoint.filename": "best"})
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: delete the checkpoints of an earlier run in this root dir first")
         parser.add_argument("--tf32", type=bool, default=True,
                             help="TF32 for float32 matrix products on CUDA GPUs (no effect without CUDA)")
         parser.link_arguments(
-            "trainer.default_root_dir", "checkpoint.dirpath", compute_fn=lambda root: os.path.join(root or ".", "checkpoints")
+            "trainer.default_root_dir", "checkpoint.dirpath",
+            compute_fn=lambda root: os.path.join(root or ".", "checkpoints")
         )
         # One source of truth: the method's `encode` batch follows the data module's evaluation
         # batch (two different values made Lightning stop with "Error while merging hparams").
@@ -118,7 +120,8 @@ class SentEmbCLI(LightningCLI):
             callbacks.append(LoggerIds())
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in callbacks):
             # a log file (nohup, SLURM) gets plain lines as the fit goes; Rich's bar would show only at the end
-            callbacks.append(SentEmbProgressBar(SELECTION_METRIC) if sys.stdout.isatty() else PlainProgress(monitor=SELECTION_METRIC))
+            callbacks.append(SentEmbProgressBar(SELECTION_METRIC) if sys.stdout.isatty()
+                             else PlainProgress(monitor=SELECTION_METRIC))
         if config.get("enable_model_summary") is not False and not any(isinstance(c, ModelSummary) for c in callbacks):
             callbacks.append(SentEmbModelSummary())
         kwargs["callbacks"] = callbacks
@@ -150,7 +153,8 @@ class SentEmbCLI(LightningCLI):
         if not config.get("overwrite"):
             raise SentEmbUserError(
                 f"{folder} holds checkpoints of an earlier run ({', '.join(p.name for p in stale)}): resume it with "
-                "--ckpt_path last, or choose another --trainer.default_root_dir, or pass --overwrite true to delete them"
+                "--ckpt_path last, or choose another --trainer.default_root_dir, "
+                "or pass --overwrite true to delete them"
             )
         if self.trainer.is_global_zero:
             for path in stale:

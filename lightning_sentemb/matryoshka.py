@@ -32,7 +32,8 @@ def check_dims(dims: Sequence[int], size: int, option: str) -> list[int]:
     return dims
 
 
-def check_settings(dims: Sequence[int] | None, weights: Sequence[float] | None, eval_dim: int | None, size: int) -> None:
+def check_settings(dims: Sequence[int] | None, weights: Sequence[float] | None, eval_dim: int | None,
+                   size: int) -> None:
     """One line for Matryoshka settings (`model.init_args.matryoshka_*`) that cannot apply to an
     embedding of `size` dimensions."""
     if dims is not None:

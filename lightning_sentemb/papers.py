@@ -93,7 +93,7 @@ def _row(values: str) -> dict[str, float]:
     numbers = [float(v) for v in values.split()]
     if len(numbers) != len(TASKS):
         raise ValueError(f"a paper row needs {len(TASKS)} numbers, got {values!r}")
-    return dict(zip(TASKS, numbers))
+    return dict(zip(TASKS, numbers, strict=True))
 
 
 CONPVP_T3 = "Zeng et al. (2022), ConPVP, Table 3"

@@ -117,8 +117,8 @@ def summarize(results: dict[int, dict[str, float]], best_seed: int | None = None
     std = table.std(axis=0, ddof=1) if len(table) > 1 else np.zeros(len(tasks))
     if best_seed is None:
         best_seed = max(results, key=lambda seed: results[seed]["avg"])
-    return {"mean": dict(zip(tasks, table.mean(axis=0).tolist())), "std": dict(zip(tasks, std.tolist())),
-            "best_seed": best_seed}
+    return {"mean": dict(zip(tasks, table.mean(axis=0).tolist(), strict=True)),
+            "std": dict(zip(tasks, std.tolist(), strict=True)), "best_seed": best_seed}
 
 
 def format_report(name: str, results: dict[int, dict[str, float]], best_seed: int | None = None) -> str:
@@ -163,7 +163,8 @@ def compare_to_paper(row: PaperRow, results: dict[int, dict[str, float]]) -> dic
     return {
         "paper": row.name, "source": row.source, "statistic": row.statistic, "compared": statistic,
         "tasks": {t: {"paper": row.scores[t], "mean": summary["mean"][t], "std": summary["std"][t], "best": best[t],
-                      "mean_minus_paper": summary["mean"][t] - row.scores[t], "best_minus_paper": best[t] - row.scores[t]}
+                      "mean_minus_paper": summary["mean"][t] - row.scores[t],
+                      "best_minus_paper": best[t] - row.scores[t]}
                   for t in tasks},
         "spread": spread, "spread_basis": spread_basis,
         "within_spread": bool(abs(reproduced_avg - row.scores["avg"]) <= spread) if same_tasks else None,
@@ -214,12 +215,13 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: P
         sections.append(format_comparison(paper, comparison, len(results)))
         content["paper"] = comparison
     else:
-        sections.append("No published row for this config: `--paper NAME` picks one (`sentemb reproduce --list-papers`).")
+        sections.append("No published row for this config: `--paper NAME` picks one "
+                        "(`sentemb reproduce --list-papers`).")
     if mteb_results:
         best_seed = content["best_seed"]
-        sections += ["MTEB's STS tasks on the same checkpoints (the `mteb` package's main score, cosine Spearman ×100; "
-                     "its copies of the data, its aggregation):", format_report(f"{name} mteb", mteb_results, best_seed),
-                     format_mteb_beside(results, mteb_results)]
+        sections += ["MTEB's STS tasks on the same checkpoints (the `mteb` package's main score, "
+                     "cosine Spearman ×100; its copies of the data, its aggregation):",
+                     format_report(f"{name} mteb", mteb_results, best_seed), format_mteb_beside(results, mteb_results)]
         content["mteb"] = {"seeds": {str(seed): scores for seed, scores in mteb_results.items()},
                            **summarize(mteb_results, best_seed)}
     text = "\n\n".join(sections)

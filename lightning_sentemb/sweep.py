@@ -84,7 +84,8 @@ def without_repeated_keys(arguments: Sequence[str]) -> list[str]:
                        list(arguments[i : i + (2 if takes_value else 1)])))
         i += 2 if takes_value else 1
     last = {key: index for index, (key, _) in enumerate(groups) if key is not None}
-    return [token for index, (key, tokens) in enumerate(groups) if key is None or last[key] == index for token in tokens]
+    return [token for index, (key, tokens) in enumerate(groups) if key is None or last[key] == index
+            for token in tokens]
 
 
 def _flag_keys(arguments: Sequence[str]) -> list[str]:
@@ -168,7 +169,8 @@ def run_sweep(
             break
         run.name, run.state = f"run-{len(done):03d}", RunState.running
         params = {key: _plain(spec["value"]) for key, spec in run.config.items()}
-        local = LocalRun(run, params, fit_arguments(sweep, params, overrides) + [f"--trainer.default_root_dir={root / run.name}"])
+        local = LocalRun(run, params,
+                         fit_arguments(sweep, params, overrides) + [f"--trainer.default_root_dir={root / run.name}"])
         _say(f"\n=== {run.name}: {' '.join(swept_flags(params))}")
         try:
             cli = lightning_main(local.argv, callbacks=[SweepTracker(sweep, run, [d.run for d in done])])

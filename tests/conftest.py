@@ -208,6 +208,16 @@ def corpus_file(tmp_path: Path) -> Path:
     return write_corpus(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Twenty sentences over five words, one file a module: what the resume, world-size and FSDP tests train on
+    (shared here so that those modules need not import a fixture from one another)."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    words = ["cats", "dogs", "birds", "fish", "kids"]
+    path.write_text("".join(f"sentence {i} is about {words[i % 5]} and {words[i * 3 % 5]} .\n" for i in range(20)))
+    return path
+
+
 def write_sts_fixture(root: Path, pairs_per_subset: int = 6) -> Path:
     """A miniature data dir in SentEval's layout with every STS task, including the quirks:
     a blank gold line (unscored pair), STS-B rows with extra columns, SICK with CRLF and a header."""
@@ -245,7 +255,8 @@ def write_sts_fixture(root: Path, pairs_per_subset: int = 6) -> Path:
         (sick / name).write_text("\r\n".join(lines) + "\r\n")
     corpora = root / "corpora"
     corpora.mkdir(parents=True)
-    (corpora / "wiki1m_for_simcse.txt").write_text("\n".join(f"{w} number {i} ." for i, w in enumerate(words * 20)) + "\n")
+    lines = [f"{w} number {i} ." for i, w in enumerate(words * 20)]
+    (corpora / "wiki1m_for_simcse.txt").write_text("\n".join(lines) + "\n")
     return root
 
 

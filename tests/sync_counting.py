@@ -266,6 +266,7 @@ class _ReadingOps(TorchDispatchMode):
             isinstance(i, torch.Tensor) and i.dtype in BOOLEAN for i in args[1] or ()
         ):
             self.counter.record("boolean index")
-        elif func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor) and not kwargs.get("output_size"):
+        elif (func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor)
+              and not kwargs.get("output_size")):
             self.counter.record("repeat_interleave")
         return func(*args, **kwargs)

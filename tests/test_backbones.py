@@ -41,9 +41,9 @@ from lightning_sentemb.methods import (
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
-from tests.examples import training_examples
 from lightning_sentemb.methods.esimcse import ESimCSE
 from lightning_sentemb.methods.mixcse import MixCSE
+from tests.examples import training_examples
 from tests.test_padding_free import assert_packed_equals_padded, without_dropout
 
 SENTENCES = ["a man is playing a guitar .", "the cat sat .", "this sentence means something rather long , really .",

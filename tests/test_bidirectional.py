@@ -74,7 +74,8 @@ def unsupervised_batch(method: nn.Module) -> dict:
 
 METHODS = {
     "simcse_avg": lambda path, **kw: build_method(SimCSE, path, pooler="avg", **kw),
-    "prompteol": lambda path, **kw: build_method(PromptBERT, path, **kw),  # explicit positions, the template's last token
+    # explicit positions, the template's last token
+    "prompteol": lambda path, **kw: build_method(PromptBERT, path, **kw),
 }
 
 

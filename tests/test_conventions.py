@@ -20,7 +20,7 @@ from lightning_sentemb.cli import main
 from lightning_sentemb.lightning_cli import end_of_fit, lightning_main
 from lightning_sentemb.methods.building import build_method
 from tests.test_first_hour import error_line
-from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, corpus, run_args  # noqa: F401 (corpus: a fixture)
+from tests.test_resume import KILL_AT, MAX_STEPS, TerminateAt, run_args
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "experiments" / "demo" / "simcse.yaml"
@@ -42,7 +42,8 @@ def edited_demo(tmp_path: Path, old: str, new: str) -> str:
     ("  max_steps:", "  max_step:", "unknown key `trainer.max_step` (in {config}); did you mean `trainer.max_steps`?"),
     ("trainer:", "tranier:", "unknown key `tranier.max_steps` (in {config}); did you mean `trainer.max_steps`?"),
     ("pooler: avg", "pooler: mean", "model.init_args.pooler: 'mean' is not allowed; choose one of cls, "
-                                    "cls_before_pooler, last, avg, avg_first_last, avg_top2, mask, echo_mean, echo_last"),
+                                    "cls_before_pooler, last, avg, avg_first_last, avg_top2, mask, echo_mean, "
+                                    "echo_last"),
     ("mlp: none", "mlp: never", "model.init_args.mlp: 'never' is not allowed; choose one of none, train, always"),
     ("temperature: 0.05", "temperature: hot", "model.init_args.temperature: expected a float, got 'hot'"),
     ("SimCSE", "SimCSF", "model: no class named 'SimCSF'; did you mean `SimCSE`?"),
@@ -56,12 +57,15 @@ def test_a_config_mistake_is_one_line_naming_the_key_and_the_fix(old, new, expec
 
 def test_an_unknown_key_on_the_command_line_gets_the_closest_one(capsys):
     line = error_line(capsys, "fit", "-c", str(DEMO), "--model.init_args.temprature", "0.1")
-    assert line == "sentemb: error: model.init_args.temprature: SimCSE has no such argument; did you mean `temperature`?"
+    assert line == ("sentemb: error: model.init_args.temprature: SimCSE has no such argument; "
+                    "did you mean `temperature`?")
     line = error_line(capsys, "fit", "-c", str(DEMO), "--data.batch_sise", "8")
-    assert line == "sentemb: error: unknown key `data.batch_sise` (on the command line); did you mean `data.batch_size`?"
+    assert line == ("sentemb: error: unknown key `data.batch_sise` (on the command line); "
+                    "did you mean `data.batch_size`?")
     # a prefix of a real key is a mistake too, not an abbreviation that silently trains
     line = error_line(capsys, "fit", "-c", str(DEMO), "--trainer.max_step", "3")
-    assert line == "sentemb: error: unknown key `trainer.max_step` (on the command line); did you mean `trainer.max_steps`?"
+    assert line == ("sentemb: error: unknown key `trainer.max_step` (on the command line); "
+                    "did you mean `trainer.max_steps`?")
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -141,7 +145,7 @@ def without(args: list[str], *options: str) -> list[str]:
     return kept
 
 
-def test_a_resumed_run_looks_exact(tiny_bert, sts_fixture, corpus, tmp_path, capsys):  # noqa: F811 (a fixture)
+def test_a_resumed_run_looks_exact(tiny_bert, sts_fixture, corpus, tmp_path, capsys):
     """No resumability warning, one CSV version holding the rows of an uninterrupted run, the
     progress bar's total right in the resumed epoch, and the summary at the end."""
     def args(root: Path) -> list[str]:
@@ -191,8 +195,8 @@ def test_the_fit_summary_names_every_offline_folder_of_a_resumed_wandb_run(tmp_p
 
     from lightning_sentemb.console import fit_summary
 
-    folders = [tmp_path / "wandb" / f"offline-run-{stamp}" for stamp in ("20261125_101010-abc123",
-                                                                         "20261125_111111-abc123", "20261125_121212-other")]
+    stamps = ("20261125_101010-abc123", "20261125_111111-abc123", "20261125_121212-other")
+    folders = [tmp_path / "wandb" / f"offline-run-{stamp}" for stamp in stamps]
     for folder in folders:
         (folder / "files").mkdir(parents=True)
     logger = WandbLogger.__new__(WandbLogger)  # the second process of the run, as W&B leaves it
@@ -390,7 +394,8 @@ def test_every_analysis_figure_has_a_title_a_legend_and_readable_ticks(tmp_path,
         assert fig.legends or any(ax.get_legend() for ax in fig.axes), name
         # every tick label against every other one and against the titles, across all axes
         texts = [label for ax in fig.axes for label in (*ax.get_xticklabels(), *ax.get_yticklabels(), ax.title)]
-        texts = [text for text in texts + [fig._suptitle] if text is not None and text.get_visible() and text.get_text()]
+        texts = [text for text in texts + [fig._suptitle]
+                 if text is not None and text.get_visible() and text.get_text()]
         boxes = [(text.get_text(), text.get_window_extent(renderer)) for text in texts]
         overlapping = [(a, b) for i, (a, box) in enumerate(boxes) for b, other in boxes[i + 1:] if box.overlaps(other)]
         assert not overlapping, f"{name}: {overlapping} overlap"

@@ -182,7 +182,7 @@ def test_tokenization_in_workers_equals_one_tokenizer_call(workers, small_chunks
     with open(path, "w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["sent0", "sent1"])
-        writer.writerows(zip(sentences, reversed(sentences)))
+        writer.writerows(zip(sentences, reversed(sentences), strict=True))
     dataset = open_tokenized_corpus(tokenize_corpus(path, tokenizer, 6, tmp_path / "cache", workers=workers))
     for column, texts in (("sent0", sentences), ("sent1", sentences[::-1])):
         assert dataset[column] == [ids[:6] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
@@ -265,8 +265,8 @@ def test_prepare_data_tokenizes_and_setup_only_opens(tiny_bert, sts_fixture, tmp
     data = SentEmbDataModule(data_dir=str(sts_fixture), batch_size=4, cache_dir=str(tmp_path / "cache"),
                              prepare_data_per_node=False)
     assert data.prepare_data_per_node is False  # Lightning's switch: once per job instead of once per node
-    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), lightning_module=build_method(SimCSE, tiny_bert),
-                                   world_size=1)
+    data.trainer = SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING),
+                                   lightning_module=build_method(SimCSE, tiny_bert), world_size=1)
     with pytest.raises(SentEmbUserError, match=r"wiki1m_for_simcse-\w+\.arrow: the tokenized training corpus is not "
                                                r"there; `prepare_data` writes it before `setup`"):
         data.setup("fit")
@@ -301,7 +301,8 @@ def test_the_collator_pickles_without_the_model_and_builds_the_same_batches(name
 
     from lightning_sentemb.methods import ConPVP, PromptBERT, SimCSE
 
-    build = {"simcse_mlm": lambda: build_method(SimCSE, tiny_bert, mlm_weight=0.5), "promptbert": lambda: build_method(PromptBERT, tiny_bert),
+    build = {"simcse_mlm": lambda: build_method(SimCSE, tiny_bert, mlm_weight=0.5),
+             "promptbert": lambda: build_method(PromptBERT, tiny_bert),
              "conpvp": lambda: build_method(ConPVP, tiny_bert)}[name]
     method = build()
     objects = pickled_objects(method.collator)

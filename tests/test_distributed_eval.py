@@ -156,7 +156,8 @@ def test_validation_with_extra_evaluators_scores_the_same_on_two_processes(tiny_
 def test_each_rank_scores_its_share_of_the_tasks_largest_first():
     sizes = {"transfer/MR": 100, "transfer/CR": 40, "cluster/AgNews": 70, "cluster/Tweet": 30, "transfer/SUBJ": 10}
     # MR to rank 0 (100), AgNews to 1 (70), CR to 1 (110), Tweet to 0 (130), SUBJ to 1 (120)
-    assert assign_tasks(sizes, 2) == [["transfer/MR", "cluster/Tweet"], ["cluster/AgNews", "transfer/CR", "transfer/SUBJ"]]
+    assert assign_tasks(sizes, 2) == [["transfer/MR", "cluster/Tweet"],
+                                      ["cluster/AgNews", "transfer/CR", "transfer/SUBJ"]]
     assert assign_tasks(sizes, 1) == [sorted(sizes, key=lambda t: -sizes[t])]
     assert assign_tasks({"cluster/Tweet": 5}, 3) == [["cluster/Tweet"], [], []]  # a rank may score nothing
 

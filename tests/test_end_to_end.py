@@ -115,7 +115,8 @@ def test_export_refuses_a_non_empty_folder(tiny_bert, tmp_path):
 
 def test_supervised_fit_with_nli_triplets(tiny_bert, sts_fixture, tmp_path):
     nli = tmp_path / "nli.csv"
-    nli.write_text("sent0,sent1,hard_neg\n" + "".join(f"a man {i} runs,a person {i} moves,nobody {i} sits\n" for i in range(32)))
+    nli.write_text("sent0,sent1,hard_neg\n"
+                   + "".join(f"a man {i} runs,a person {i} moves,nobody {i} sits\n" for i in range(32)))
     main(["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--data.train_file", str(nli), "--model.mlp", "always",
                           "--model.hard_negative_weight", "0.5", "--model.mlm_weight", "0.1")])
     metrics = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text()

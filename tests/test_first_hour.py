@@ -18,7 +18,7 @@ import yaml
 
 from lightning_sentemb.cli import main
 from lightning_sentemb.errors import SentEmbUserError
-from lightning_sentemb.lightning_cli import SELECTION_METRIC  # imports Lightning (and its log handler) before any capsys
+from lightning_sentemb.lightning_cli import SELECTION_METRIC  # imports Lightning (and its log handler) before capsys
 
 REPO = Path(__file__).resolve().parents[1]
 SUBCOMMANDS = ("fit", "validate", "test", "predict", "evaluate", "export", "data", "sweep", "reproduce")
@@ -115,7 +115,8 @@ def test_missing_training_file_names_path_and_fetch_command_before_any_wandb_run
 ):
     monkeypatch.setenv("WANDB_MODE", "offline")
     root = tmp_path / "run"
-    line = error_line(capsys, *fit_args(tiny_bert, sts_fixture, root, "--data.train_file", "corpora/nli_for_simcse.csv"))
+    line = error_line(capsys, *fit_args(tiny_bert, sts_fixture, root,
+                                        "--data.train_file", "corpora/nli_for_simcse.csv"))
     assert str(sts_fixture / "corpora" / "nli_for_simcse.csv") in line
     assert "sentemb data download --to" in line
     assert "--data.data_dir" in line and "--data-dir" not in line  # fit's option, not evaluate's
@@ -135,7 +136,8 @@ def test_data_check_reports_every_group_and_fails_only_for_required_ones(sts_fix
     out = capsys.readouterr().out
     assert exit_info.value.code == 0  # the fixture has the STS sets (required by default) and wiki1m only
     groups = ("sts", "transfer", "cluster", "wiki1m", "nli")
-    states = {line.split()[0]: line.split()[1] for line in out.splitlines() if line.split()[:1] in ([g] for g in groups)}
+    states = {line.split()[0]: line.split()[1] for line in out.splitlines()
+              if line.split()[:1] in ([g] for g in groups)}
     assert states == {"sts": "ok", "transfer": "missing", "cluster": "missing", "wiki1m": "ok", "nli": "missing"}
     assert "unsupervised training corpus: subset (160 of 1,000,000 lines)" in out  # the fixture's 160 lines
     assert f"sentemb data download --to {sts_fixture} --what nli" in out
@@ -259,7 +261,7 @@ def test_capped_tasks_keep_their_classes_and_order():
     small = capped(data, 100, min_per_class=20)
     assert np.bincount(small.labels).tolist() == [90, 20, 10]  # in proportion, at least 20 (or all) per class
     assert small.sentences == sorted(small.sentences, key=lambda s: int(s[1:]))  # drawn, not reordered
-    assert all(data.labels[int(s[1:])] == y for s, y in zip(small.sentences, small.labels))
+    assert all(data.labels[int(s[1:])] == y for s, y in zip(small.sentences, small.labels, strict=True))
     assert capped(data, 1000) is data and capped(data, None) is data
 
 
@@ -332,12 +334,14 @@ def test_a_fit_logged_to_a_file_prints_plain_progress_lines_as_it_goes(tiny_bert
     """stdout to a file (nohup, SLURM): plain lines every 10 log steps (here 10 steps) and after each
     validation, before the end of the fit, and no Rich bar."""
     log = tmp_path / "fit.log"
-    args = [*fit_args(tiny_bert, sts_fixture, tmp_path / "run", "--trainer.max_steps", "12", "--trainer.log_every_n_steps",
-                      "1", "--trainer.val_check_interval", "6", "--data.val_tasks", "[STSBenchmark-dev]",
+    args = [*fit_args(tiny_bert, sts_fixture, tmp_path / "run", "--trainer.max_steps", "12",
+                      "--trainer.log_every_n_steps", "1", "--trainer.val_check_interval", "6",
+                      "--data.val_tasks", "[STSBenchmark-dev]",
                       "--trainer.enable_model_summary", "false")]
     with log.open("w") as file:
-        done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], stdout=file, stderr=subprocess.STDOUT,
-                              env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}, timeout=900)
+        done = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", *args], stdout=file,
+                              stderr=subprocess.STDOUT, timeout=900,
+                              env={**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"})
     lines = log.read_text().splitlines()
     assert done.returncode == 0, lines[-20:]
     end = next(i for i, line in enumerate(lines) if line.startswith("fit done: 12 steps."))

@@ -1,8 +1,9 @@
 """FSDP2 (`trainer.strategy: fsdp_layers`) on 2 CPU processes (gloo): it trains as DDP does (fp32, dropout
 0: the same weights after 3 steps, stopped by SIGTERM and resumed after step 2, to 1e-9, ClusterNS's centroids
-and LoRA's adapters included, and so the same embeddings), runs the preset's user command with evaluators in bf16, and `--ckpt_path last`
-follows rank 0 where the ranks see different files (processes srun starts; an elastic restart never reads the
-previous attempt's answer). Sharded validation and `encode` run without inference mode."""
+and LoRA's adapters included, and so the same embeddings), runs the preset's user command with evaluators
+in bf16, and `--ckpt_path last` follows rank 0 where the ranks see different files (processes srun starts;
+an elastic restart never reads the previous attempt's answer). Sharded validation and `encode` run without
+inference mode."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from lightning_sentemb.loading import load_method
 from tests.conftest import write_sts_fixture
 from tests.evaluation.conftest import write_clustering_fixture
 from tests.launch import launch
-from tests.test_resume import corpus, run_args, trained_state  # noqa: F401 (corpus: a fixture)
+from tests.test_resume import run_args, trained_state
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa", "kids play football", "birds"]
@@ -59,7 +60,8 @@ def test_fsdp_trains_resumes_and_embeds_as_ddp(tiny_bert, sts_fixture, corpus, t
         return ["fit", *run_args(method, tiny_bert, sts_fixture, corpus, tmp_path / f"{case}-{strategy}", 0,
                                  "--model.dropout", "0", "--model.pooler", "avg", "--trainer.devices", "2",
                                  "--trainer.precision", "32-true", "--trainer.max_steps", "3",
-                                 "--trainer.log_every_n_steps", "1", "--trainer.strategy", strategy, *case_args, *extra)]
+                                 "--trainer.log_every_n_steps", "1", "--trainer.strategy", strategy,
+                                 *case_args, *extra)]
 
     commands = [command(case, "ddp") for case in CASES]
     for case in CASES:

@@ -25,8 +25,8 @@ from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, Cluste
 from lightning_sentemb.methods.base import SentEmbMethod
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
-from tests.examples import training_examples
 from lightning_sentemb.methods.mixcse import MixCSE
+from tests.examples import training_examples
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
@@ -42,13 +42,16 @@ METHODS = {
     "dcpcse_mlm": lambda path: build_method(DCPCSE, path, mlm_weight=0.1, prefix_len=2),
     "clusterns": lambda path: build_method(ClusterNS, path, num_clusters=2),
     "clusterns_prompt": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2),
-    "clusterns_prefix_mlm": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2, mlm_weight=0.1),
+    "clusterns_prefix_mlm": lambda path: build_method(ClusterNSPrefix, path, num_clusters=2, prefix_len=2,
+                                                      mlm_weight=0.1),
     # Matryoshka: the loss over truncations (views, template-bias rows, prototypes, centroids truncated alike)
     "simcse_mlm_matryoshka": lambda path: build_method(SimCSE, path, mlm_weight=0.1, matryoshka_dims=[32, 8]),
-    "promptbert_matryoshka": lambda path: build_method(PromptBERT, path, matryoshka_dims=[32, 16, 8], matryoshka_weights=[1, .5, 2]),
+    "promptbert_matryoshka": lambda path: build_method(PromptBERT, path, matryoshka_dims=[32, 16, 8],
+                                                       matryoshka_weights=[1, .5, 2]),
     "conpvp_matryoshka": lambda path: build_method(ConPVP, path, matryoshka_dims=[16, 8]),
     "dcpcse_matryoshka": lambda path: build_method(DCPCSE, path, prefix_len=2, matryoshka_dims=[32, 8]),
-    "clusterns_prompt_matryoshka": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2, matryoshka_dims=[32, 16, 8]),
+    "clusterns_prompt_matryoshka": lambda path: build_method(ClusterNSPrompt, path, num_clusters=2,
+                                                             matryoshka_dims=[32, 16, 8]),
     # the collated draws (element masks, shuffled positions) sliced with their chunk's rows
     "consert": lambda path: build_method(ConSERT, path, augmentations=["dropout", "shuffle"]),
     # a third view (the negations); a classifier over pairs, trained through the cached rows

@@ -95,7 +95,8 @@ def test_the_checker_finds_a_lazy_cycle_and_counts_type_checking(tmp_path: Path)
     # a function-level import counts, and so does one under TYPE_CHECKING (`export` reads methods through a
     # protocol, and the methods' hooks annotate their method as a `LightningModule`)
     module = tmp_path / "annotated.py"
-    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .methods.base import SentEmbMethod\n")
+    module.write_text("from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n    from .methods.base import SentEmbMethod\n")
     assert "lightning_sentemb.methods.base" in imports_of(f"{NAME}.annotated", module, False, modules())
     graph = import_graph()
     assert not any(m.startswith("lightning_sentemb.methods") for m in graph["lightning_sentemb.export.model_card"])

@@ -193,14 +193,15 @@ def test_spherical_kmeans_finds_the_partition_and_centroids_faiss_finds(seed: in
     generator = torch.Generator().manual_seed(0)
     directions = F.normalize(torch.randn(5, 16, generator=generator), dim=-1)
     truth = torch.arange(5).repeat_interleave(40)
-    x = directions[truth] * (1 + torch.rand(200, 1, generator=generator)) + 0.1 * torch.randn(200, 16, generator=generator)
+    x = (directions[truth] * (1 + torch.rand(200, 1, generator=generator))
+         + 0.1 * torch.randn(200, 16, generator=generator))
     centroids, labels = spherical_kmeans(x, 5, seed=seed)
     unit = F.normalize(x, dim=-1).numpy()
     kmeans = faiss.Kmeans(16, 5, niter=20, seed=seed, spherical=True)
     kmeans.train(unit)
     faiss_labels = torch.from_numpy(kmeans.index.search(unit, 1)[1][:, 0]).long()
     for found in (labels, faiss_labels):  # each found cluster is one generating direction
-        assert len(set(zip(found.tolist(), truth.tolist()))) == 5 and len(found.unique()) == 5
+        assert len(set(zip(found.tolist(), truth.tolist(), strict=True))) == 5 and len(found.unique()) == 5
     faiss_centroids = torch.from_numpy(kmeans.centroids)
     members_mean = torch.stack([F.normalize(torch.from_numpy(unit)[labels == c].mean(0), dim=0) for c in range(5)])
     torch.testing.assert_close(centroids, members_mean, atol=1e-5, rtol=0)

@@ -34,11 +34,13 @@ LORA = {"r": 4, "alpha": 8.0, "dropout": 0.1, "target_modules": "all-linear"}
 
 # (backbone fixture, method with LoRA): every head kind — MLP, MLM head, prompt vectors, prefix, centroids
 METHODS = {
-    "simcse_mlm_bert": ("tiny_bert", lambda b, **k: build_method(SimCSE, b, pooler="cls", mlp="always", mlm_weight=0.1, **k)),
+    "simcse_mlm_bert": ("tiny_bert", lambda b, **k: build_method(SimCSE, b, pooler="cls", mlp="always",
+                                                                 mlm_weight=0.1, **k)),
     "promptbert_bert": ("tiny_bert", lambda b, **k: build_method(PromptBERT, b, **k)),
     "conpvp_bert": ("tiny_bert", lambda b, **k: build_method(ConPVP, b, prompt_length=2, **k)),
     "dcpcse_bert": ("tiny_bert", lambda b, **k: build_method(DCPCSE, b, pooler="avg", prefix_len=2, **k)),
-    "clusterns_roberta": ("tiny_roberta", lambda b, **k: build_method(ClusterNS, b, pooler="avg_first_last", num_clusters=2, **k)),
+    "clusterns_roberta": ("tiny_roberta", lambda b, **k: build_method(ClusterNS, b, pooler="avg_first_last",
+                                                                      num_clusters=2, **k)),
     "simcse_qwen2": ("tiny_qwen2", lambda b, **k: build_method(SimCSE, b, pooler="avg", **k)),
     "simcse_llama": ("tiny_llama", lambda b, **k: build_method(SimCSE, b, pooler="avg", mlp="always", **k)),
     # the adversarial attack's gradient with respect to a frozen embedding layer's output
@@ -262,7 +264,8 @@ def ddp_fit(backbone: str, out: str) -> None:
 
 def lora_simcse(backbone: str) -> SimCSE:
     torch.manual_seed(0)
-    return without_dropout(randomize_adapters(build_method(SimCSE, backbone, pooler="avg", lora=LORA))).to(torch.float64)
+    method = build_method(SimCSE, backbone, pooler="avg", lora=LORA)
+    return without_dropout(randomize_adapters(method)).to(torch.float64)
 
 
 @pytest.mark.slow
@@ -358,7 +361,8 @@ def test_a_checkpoint_missing_trained_tensors_is_refused(tiny_bert, tmp_path) ->
 
 # ----- low-precision and 4-bit backbones -----------------------------------------------------------
 def test_bf16_backbone_keeps_what_trains_in_fp32(tiny_bert) -> None:
-    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA, backbone_dtype="bf16")
+    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA,
+                          backbone_dtype="bf16")
     assert all(p.dtype == torch.float32 for p in method.parameters() if p.requires_grad)
     base = [p.dtype for n, p in method.encoder.backbone.named_parameters() if ".lora_" not in n]
     assert base and all(dtype == torch.bfloat16 for dtype in base)

@@ -12,7 +12,8 @@ def hand_info_nce(anchors, candidates, labels, temperature, bias=None):
         logits = []
         for j in range(len(candidates)):
             a, c = anchors[i], candidates[j]
-            cos = sum(x * y for x, y in zip(a, c)) / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in c)))
+            norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in c))
+            cos = sum(x * y for x, y in zip(a, c, strict=True)) / norms
             logits.append(cos / temperature + (bias[i][j] if bias else 0.0))
         total += -(logits[labels[i]] - math.log(sum(math.exp(v) for v in logits)))
     return total / len(anchors)

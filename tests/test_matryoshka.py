@@ -18,9 +18,9 @@ from lightning_sentemb.matryoshka import truncate
 from lightning_sentemb.methods import DCPCSE, ClusterNS, ClusterNSPrefix, ClusterNSPrompt, ConPVP, PromptBERT, SimCSE
 from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
-from tests.test_consert import paper_nt_xent
 from lightning_sentemb.methods.esimcse import ESimCSE
 from lightning_sentemb.methods.mixcse import MixCSE
+from tests.test_consert import paper_nt_xent
 
 DIMS, WEIGHTS = [32, 16, 8], [1.0, 0.5, 2.0]
 N = 4  # sentences
@@ -80,7 +80,8 @@ CASES = {
     "dcpcse_sup_hinge": (lambda p: build_method(DCPCSE, p, prefix_len=2, hinge_weight=10.0, **MATRYOSHKA), 3,
                          simcse_reference(InfoNCEHingeLoss(0.05, 0.0, 0.2, 10.0), 3)),
     "clusterns": (lambda p: build_method(ClusterNS, p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
-    "clusterns_prompt": (lambda p: build_method(ClusterNSPrompt, p, num_clusters=2, **MATRYOSHKA), 2, clusterns_reference),
+    "clusterns_prompt": (lambda p: build_method(ClusterNSPrompt, p, num_clusters=2, **MATRYOSHKA), 2,
+                         clusterns_reference),
     "clusterns_prefix": (lambda p: build_method(ClusterNSPrefix, p, num_clusters=2, prefix_len=2, **MATRYOSHKA), 2,
                          clusterns_reference),
     "consert": (lambda p: build_method(ConSERT, p, **MATRYOSHKA), 2,
@@ -213,7 +214,8 @@ def test_evaluate_dims_scores_each_truncation_as_encode_truncate_normalize(matry
     config = json.loads((tmp_path / "export" / "config_sentence_transformers.json").read_text())
     assert config["matryoshka_dims"] == [32, 16, 8]
     st = SentenceTransformer(str(tmp_path / "export"), device="cpu", truncate_dim=8)
-    torch.testing.assert_close(torch.as_tensor(st.encode(SENTENCES)), method.encode(SENTENCES)[:, :8], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.as_tensor(st.encode(SENTENCES)), method.encode(SENTENCES)[:, :8],
+                               atol=1e-5, rtol=0)
     card = (tmp_path / "export" / "README.md").read_text()
     assert "trained at sizes [32, 16, 8]" in card
     for label, dim in (("run", "all"), ("run @8", 8), ("run @16", 16)):
@@ -233,7 +235,8 @@ def test_dims_beyond_the_embedding_are_one_line(matryoshka_run, sts_fixture, cap
 def test_lora_adapters_train_on_the_matryoshka_loss(tiny_bert: str) -> None:
     """The truncations' loss reaches the adapters (the backbone frozen) like the plain one."""
     torch.manual_seed(0)
-    method = build_method(SimCSE, tiny_bert, lora={"r": 2, "alpha": 4, "dropout": 0.0}, matryoshka_dims=[32, 8], mlp="none")
+    method = build_method(SimCSE, tiny_bert, lora={"r": 2, "alpha": 4, "dropout": 0.0}, matryoshka_dims=[32, 8],
+                          mlp="none")
     ids = method.encoder.format.sentence_ids(SENTENCES + ["the sun shines"])
     loss, logs = method.step_loss(method.collate([{"sent0": row} for row in ids]))
     loss.backward()

@@ -30,7 +30,8 @@ METHODS = {
     "promptbert": lambda b: build_method(PromptBERT, b),
     "conpvp": lambda b: build_method(ConPVP, b),
     "dcpcse_shifted": lambda b: build_method(DCPCSE, b, pooler="avg", prefix_len=3),
-    "dcpcse_zero_first_last": lambda b: build_method(DCPCSE, b, pooler="avg_first_last", prefix_len=3, position_offset="zero"),
+    "dcpcse_zero_first_last": lambda b: build_method(DCPCSE, b, pooler="avg_first_last", prefix_len=3,
+                                                     position_offset="zero"),
     "clusterns": lambda b: build_method(ClusterNS, b, pooler="cls", num_clusters=2, sigma=1.0),
     "flow_first_last": lambda b: build_method(BERTFlow, b, flow_levels=2, flow_depth=2, flow_coupling_width=4),
     "esimcse": lambda b: with_filled_queue(build_method(ESimCSE, b, pooler="avg", queue_size=8)),
@@ -141,7 +142,7 @@ def test_math_attention_equals_sdpa_without_dropout(key_length: int) -> None:
     weights = torch.randn_like(out)
     (out * weights).sum().backward()
     (reference * weights).sum().backward()
-    for mine, other in zip(ours[:3], theirs[:3]):
+    for mine, other in zip(ours[:3], theirs[:3], strict=True):
         torch.testing.assert_close(mine.grad, other.grad, atol=1e-12, rtol=1e-12)
 
 
@@ -207,7 +208,7 @@ def test_aligned_kernel_equals_attention_sentence_by_sentence(causal: bool) -> N
         out = aligned_attention(*ours, layout, 0.5, 0.0, causal=causal, window=None, softcap=softcap, prefix=None)
         torch.testing.assert_close(out, torch.cat(outs).detach(), atol=1e-12, rtol=1e-12)
         (out * weights).sum().backward()
-        for mine, other in zip(ours, reference):
+        for mine, other in zip(ours, reference, strict=True):
             torch.testing.assert_close(mine.grad, other.grad, atol=1e-12, rtol=1e-12)
 
 
@@ -294,9 +295,11 @@ def test_one_switch_chooses_the_attention_path(tiny_bert: str) -> None:
         warnings.simplefilter("always")
         old = build_method(SimCSE, tiny_bert, padding_free=False)
         build_method(SimCSE, tiny_bert, padding_free=True)
-    said = [w for w in caught if w.category is FutureWarning and "padding_free is deprecated: use attn" in str(w.message)]
+    said = [w for w in caught
+            if w.category is FutureWarning and "padding_free is deprecated: use attn" in str(w.message)]
     assert len(said) == 1
-    assert not old.encoder.padding_free and old.hparams.attn_implementation == "padded" and old.hparams.padding_free is None
+    assert not old.encoder.padding_free and old.hparams.attn_implementation == "padded"
+    assert old.hparams.padding_free is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_method(SimCSE, tiny_bert, attn_implementation="sdpa")  # the new switch alone: no warning

@@ -50,7 +50,8 @@ def test_reproduce_two_seeds_prints_the_table_beside_the_paper(tiny_bert, sts_fi
     root = tmp_path / "repro"
     main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--seeds", "2", "--paper", "simcse", "--root", str(root),
           "--mteb-sts", "--",
-          *tiny_overrides(tiny_bert, sts_fixture, tmp_path), "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--model.lr=1e-2"])
+          *tiny_overrides(tiny_bert, sts_fixture, tmp_path), "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+          "--model.lr=1e-2"])
     out = capsys.readouterr().out
     assert "Test metric" not in out and out.count("| model | STS12") == 2 + 1  # each seed's table, then the summary
     assert f"{root}: " in out and " MB on disk (best.ckpt of each seed; last.ckpt removed)" in out
@@ -74,7 +75,8 @@ def test_reproduce_two_seeds_prints_the_table_beside_the_paper(tiny_bert, sts_fi
     assert row in markdown and "| simcse mean ± std |" in markdown
     assert saved["seeds"]["0"] != saved["seeds"]["1"]  # the seed changes the run
     for seed in ("0", "1"):
-        assert saved["mteb"]["seeds"][seed]["STSBenchmark"] == pytest.approx(saved["seeds"][seed]["STSBenchmark"], abs=0.01)
+        senteval = saved["seeds"][seed]["STSBenchmark"]
+        assert saved["mteb"]["seeds"][seed]["STSBenchmark"] == pytest.approx(senteval, abs=0.01)
     assert saved["mteb"]["best_seed"] == saved["best_seed"] and "| simcse mteb mean ± std |" in out
     assert "| STS-B | " in markdown.split("MTEB's STS tasks")[1]
     for seed in (0, 1):
@@ -135,5 +137,6 @@ def test_mteb_sts_without_its_data_stops_in_one_line_before_any_fit(monkeypatch,
     if exit_.value.code is None:
         pytest.skip("STS12's data is in this machine's Hugging Face cache")
     assert exit_.value.code == 2 and "\n" not in err
-    assert err.startswith("sentemb: error: --mteb-sts STS12: its data (mteb/sts12-sts) is not in the Hugging Face cache")
+    assert err.startswith("sentemb: error: --mteb-sts STS12: its data (mteb/sts12-sts) is not in the Hugging Face "
+                          "cache")
     assert err.endswith("fetch it once online: python -c \"import mteb; mteb.get_task('STS12').load_data()\"")

@@ -69,14 +69,6 @@ class TerminateAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    words = ["cats", "dogs", "birds", "fish", "kids"]
-    path.write_text("".join(f"sentence {i} is about {words[i % 5]} and {words[i * 3 % 5]} .\n" for i in range(20)))
-    return path
-
-
 def run_args(method: str, backbone: str, data: Path, corpus: Path, root: Path, workers: int, *extra: str) -> list[str]:
     return [
         *METHODS[method], "--model.backbone", backbone, "--seed_everything", "7",

@@ -171,16 +171,26 @@ def _corpus(tmp_path: Path, content: bytes) -> str:
 
 
 BAD_RUNS = {
-    "batch_size 1": (lambda tmp: ["--data.batch_size", "1"], r"data\.batch_size is 1: .* set --data\.batch_size 2 or more"),
-    "max_seq_len 0": (lambda tmp: ["--data.max_seq_len", "0"], r"data\.max_seq_len is 0, .* 2 special token\(s\); set --data\.max_seq_len 3"),
-    "max_seq_len = special tokens": (lambda tmp: ["--data.max_seq_len", "2"], r"data\.max_seq_len is 2, .*--data\.max_seq_len 3"),
+    "batch_size 1": (
+        lambda tmp: ["--data.batch_size", "1"], r"data\.batch_size is 1: .* set --data\.batch_size 2 or more"
+    ),
+    "max_seq_len 0": (
+        lambda tmp: ["--data.max_seq_len", "0"],
+        r"data\.max_seq_len is 0, .* 2 special token\(s\); set --data\.max_seq_len 3",
+    ),
+    "max_seq_len = special tokens": (
+        lambda tmp: ["--data.max_seq_len", "2"], r"data\.max_seq_len is 2, .*--data\.max_seq_len 3"
+    ),
     "corpus smaller than one batch": (
         lambda tmp: ["--data.train_file", _corpus(tmp, b"one .\ntwo .\nthree .\n")],
         r"corpus\.txt: 3 training example\(s\), fewer than one batch \(data\.batch_size 8 x 1 device\(s\)\)",
     ),
-    "empty corpus": (lambda tmp: ["--data.train_file", _corpus(tmp, b"")], r"corpus\.txt: the training corpus holds no sentence"),
+    "empty corpus": (
+        lambda tmp: ["--data.train_file", _corpus(tmp, b"")], r"corpus\.txt: the training corpus holds no sentence"
+    ),
     "blank-only corpus": (
-        lambda tmp: ["--data.train_file", _corpus(tmp, b"\n   \n\t\n")], r"corpus\.txt: the training corpus holds no sentence"
+        lambda tmp: ["--data.train_file", _corpus(tmp, b"\n   \n\t\n")],
+        r"corpus\.txt: the training corpus holds no sentence",
     ),
     "non-UTF-8 byte": (
         lambda tmp: ["--data.train_file", _corpus(tmp, "caf\u00e9 .\nok .\n".encode() + b"na\xefve .\n")],
@@ -219,8 +229,8 @@ def test_export_and_report_respect_the_umask_like_cp(tiny_bert, tmp_path):
 def test_model_labels_are_readable_and_unique():
     from lightning_sentemb.evaluation.report import model_labels
 
-    assert model_labels(["out/simcse/checkpoints/best.ckpt", "out/promptbert/checkpoints/best.ckpt", "bert-base-uncased",
-                         "princeton-nlp/sup-simcse-bert-base-uncased"]) == [
+    assert model_labels(["out/simcse/checkpoints/best.ckpt", "out/promptbert/checkpoints/best.ckpt",
+                         "bert-base-uncased", "princeton-nlp/sup-simcse-bert-base-uncased"]) == [
         "simcse/best", "promptbert/best", "bert-base-uncased", "princeton-nlp/sup-simcse-bert-base-uncased"]
     assert model_labels(["a/run/checkpoints/best.ckpt", "b/run/checkpoints/best.ckpt", "c/checkpoints/best.ckpt"]) == [
         "a/run/best", "b/run/best", "c/best"]

@@ -21,7 +21,8 @@ def method_of(experiment: Path) -> str:
 # The presets meet one experiment of each method class (a paper config where there is one): a preset's keys
 # are checked against the method's arguments, and how two config files merge does not depend on the recipe
 # (every pair took 234 config prints, 80 s of the suite).
-FIRST_OF_METHOD = {method_of(p): p for p in sorted(EXPERIMENTS, key=lambda p: (p.parent.name == "demo", p), reverse=True)}
+FIRST_OF_METHOD = {method_of(p): p
+                   for p in sorted(EXPERIMENTS, key=lambda p: (p.parent.name == "demo", p), reverse=True)}
 
 
 def shape(experiment: Path) -> dict[str, object]:

@@ -44,7 +44,8 @@ def test_engine_proposes_grid_random_and_bayes_runs_under_numpy_2():
     for method in ("random", "bayes"):
         config = {"method": method, "metric": metric, "parameters": space}
         # pydantic 2 ignores the engine's field-name population: histories go in by alias
-        runs = [SweepRun(name=str(i), state=RunState.finished, config={"a": {"value": 1}, "lr": {"value": 10 ** -(3 + i)}},
+        runs = [SweepRun(name=str(i), state=RunState.finished,
+                         config={"a": {"value": 1}, "lr": {"value": 10 ** -(3 + i)}},
                          sampledHistory=[{"m": float(i)}], summaryMetrics={"m": float(i)}) for i in range(3)]
         assert runs[0].history == [{"m": 0.0}]
         proposal = next_run(config, runs)
@@ -102,7 +103,8 @@ def test_fit_arguments_keep_overrides_last_and_refuse_swept_ones():
     sweep = load_sweep(REPO / "experiments" / "sweeps" / "demo.yaml")
     argv = fit_arguments(sweep, {"model.init_args.lr": 1e-5, "data.batch_size": 32}, ["--trainer.max_steps=3"])
     assert argv[:3] == ["fit", "-c", "experiments/demo/simcse.yaml"]
-    assert "--model.init_args.lr=1e-05" in argv and "--data.batch_size=32" in argv and argv[-1] == "--trainer.max_steps=3"
+    assert "--model.init_args.lr=1e-05" in argv and "--data.batch_size=32" in argv
+    assert argv[-1] == "--trainer.max_steps=3"
     with pytest.raises(ValueError, match="model.lr"):
         fit_arguments(sweep, {"model.init_args.lr": 1e-5}, ["--model.lr=1e-3"])
     with pytest.raises(ValueError, match="sentemb fit"):
@@ -113,7 +115,8 @@ def test_hyperband_stops_a_run_that_trails_the_earlier_ones():
     from sweeps import RunState, SweepRun
 
     sweep = load_sweep(REPO / "experiments" / "sweeps" / "demo.yaml")
-    earlier = [SweepRun(name=f"r{i}", state=RunState.finished, sampledHistory=[{SELECTION_METRIC: v} for v in (60, 70, 75)])
+    earlier = [SweepRun(name=f"r{i}", state=RunState.finished,
+                        sampledHistory=[{SELECTION_METRIC: v} for v in (60, 70, 75)])
                for i in range(3)]
 
     def validate(run, value):

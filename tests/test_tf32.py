@@ -5,8 +5,8 @@ import pytest
 import torch
 import yaml
 
-from lightning_sentemb import lightning_cli
 import lightning_sentemb.precision as precision_module
+from lightning_sentemb import lightning_cli
 from lightning_sentemb.cli import main
 from lightning_sentemb.precision import slow_bf16_notice, use_tf32
 from tests.test_end_to_end import fit_args
@@ -62,15 +62,16 @@ def test_a_bf16_fit_on_a_cpu_without_bf16_instructions_is_told_how_to_run_fast(
         assert notice is None
 
 
-@pytest.mark.parametrize(("accelerator", "precision", "said"), [("auto", "bf16-mixed", True), ("cpu", "32-true", False)])
-def test_the_fit_says_it_from_the_trainer_it_built(monkeypatch, tiny_bert, sts_fixture, tmp_path, accelerator, precision,
-                                                   said):
+@pytest.mark.parametrize(("accelerator", "precision", "said"),
+                         [("auto", "bf16-mixed", True), ("cpu", "32-true", False)])
+def test_the_fit_says_it_from_the_trainer_it_built(monkeypatch, tiny_bert, sts_fixture, tmp_path, accelerator,
+                                                   precision, said):
     """Judged on the Trainer (its device and precision), not guessed from the options; said by `fit`."""
     monkeypatch.setattr(precision_module, "cpu_runs_bf16_slowly", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     said_lines = []
     monkeypatch.setattr(lightning_cli, "rank_zero_info", said_lines.append)
-    lightning_cli.lightning_main(["fit", *fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.accelerator", accelerator,
-                                                   "--trainer.precision", precision, "--trainer.max_steps", "1",
-                                                   "--trainer.logger", "false")])
+    args = fit_args(tiny_bert, sts_fixture, tmp_path, "--trainer.accelerator", accelerator,
+                    "--trainer.precision", precision, "--trainer.max_steps", "1", "--trainer.logger", "false")
+    lightning_cli.lightning_main(["fit", *args])
     assert any("without bf16 instructions" in line for line in said_lines) == said

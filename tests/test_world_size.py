@@ -22,7 +22,7 @@ from lightning.pytorch import Callback
 
 from lightning_sentemb.lightning_cli import lightning_main
 from tests.launch import launch
-from tests.test_resume import corpus, read_losses, run_args, trained_state  # noqa: F401 (corpus: a fixture)
+from tests.test_resume import read_losses, run_args, trained_state
 
 STEPS, GLOBAL_BATCH = 3, 8
 # Averaged tokens: the random tiny BERT's [CLS] vectors are nearly one (1 - cos < 1e-5), where the loss's
@@ -90,7 +90,7 @@ def case_args(case: str, backbone: str, data: Path, corpus_file: Path, folder: P
 
 
 @pytest.fixture(scope="module")
-def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path:  # noqa: F811 (corpus: a fixture)
+def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path:
     """The folder where every case ran on 2 processes."""
     folder = tmp_path_factory.mktemp("two-processes")
     # one launch for every case (tests/launch.py)
@@ -101,7 +101,7 @@ def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path: 
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_with_the_same_global_batch(tiny_bert, sts_fixture, corpus, two_process_runs,  # noqa: F811
+def test_two_processes_equal_one_with_the_same_global_batch(tiny_bert, sts_fixture, corpus, two_process_runs,
                                                             tmp_path):
     """Every case in one test: its 2-process runs share one launch, which a test a case would repeat on
     each xdist worker that got one of them."""

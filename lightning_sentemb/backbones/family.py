@@ -66,7 +66,8 @@ class BackboneFamily:
         """Fix what the methods need of the tokenizer in place (a pad token; right padding)."""
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token is None:
-                raise UnsupportedBackbone(f"the {self.model_type} tokenizer has neither a pad nor an eos token to pad with")
+                raise UnsupportedBackbone(f"the {self.model_type} tokenizer has neither a pad nor an eos token "
+                                          "to pad with")
             tokenizer.pad_token = tokenizer.eos_token  # padding is masked: any id serves
         tokenizer.padding_side = "right"
 
@@ -223,7 +224,8 @@ def family_of(config: PreTrainedConfig) -> BackboneFamily:
         elif config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
             family = DecoderFamily
         else:
-            raise UnsupportedBackbone(f"model type {config.model_type!r} is neither a masked LM encoder nor a causal LM")
+            raise UnsupportedBackbone(f"model type {config.model_type!r} is neither a masked LM encoder "
+                                      "nor a causal LM")
     return family(config)
 
 

@@ -196,7 +196,8 @@ class SentEmbCheckpoint(GuardedCheckpoint):
             stop = trainer.strategy.reduce_boolean_decision(self._stop_requested, all=False)
         if stop:
             self.write_last(trainer, pl_module)
-            rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; resume with --ckpt_path last")
+            rank_zero_info(f"stopped at step {trainer.global_step}: {self.last_path} saved; "
+                           "resume with --ckpt_path last")
             raise SIGTERMException
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -349,7 +350,8 @@ class TrainingGuard(Callback):
         if self.last_loss is None or self.collapse_loss is None:
             return
         last_loss = float(self.last_loss)
-        if abs(last_loss - self.collapse_loss) <= self.collapse_tolerance * self.collapse_loss and score <= self.start_score:
+        at_chance = abs(last_loss - self.collapse_loss) <= self.collapse_tolerance * self.collapse_loss
+        if at_chance and score <= self.start_score:
             rank_zero_warn(
                 f"the model looks collapsed at step {trainer.global_step}: training loss {last_loss:.4f} ≈ "
                 f"ln(in-batch candidates) = {self.collapse_loss:.4f} and {self.monitor} {score:.2f} is not above its "

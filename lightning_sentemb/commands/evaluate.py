@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 def evaluate_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="sentemb evaluate", description="Evaluate checkpoints or HF model folders.")
-    parser.add_argument("--model", required=True, nargs="+", help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
+    parser.add_argument("--model", required=True, nargs="+",
+                        help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
     parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
                         "(default: run folder + file stem, e.g. simcse/best)")
     parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2",
@@ -34,16 +35,16 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--tasks", default=None, help=f"comma-separated evaluators: {','.join(EVALUATORS)} "
                         "(default sts, none when --mteb is given)")
     parser.add_argument("--mteb", default=None, metavar="TASKS",
-                        help="MTEB tasks (STSBenchmark,STS12) or a benchmark name (\"MTEB(eng, v2)\"), run by the `mteb` "
-                             "package on the same encoding; mteb's main score per task (×100) in the results")
+                        help="MTEB tasks (STSBenchmark,STS12) or a benchmark name (\"MTEB(eng, v2)\"), run by the "
+                             "`mteb` package on the same encoding; mteb's main score per task (×100) in the results")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None,
                         help="FILE.json: the results as JSON; a folder: results.json + report.md + figures/. "
                              "Written after each evaluator, so a later failure keeps what finished")
     parser.add_argument("--max-examples", type=int, default=None, metavar="N",
-                        help="a quick look: every task (each STS set, transfer split, clustering set) capped at about N "
-                             "examples drawn at random (at least 20 per class); the results say so and are not the "
-                             "papers' numbers")
+                        help="a quick look: every task (each STS set, transfer split, clustering set) capped at "
+                             "about N examples drawn at random (at least 20 per class); the results say so and are "
+                             "not the papers' numbers")
     parser.add_argument("--aggregation", default="all", choices=["all", "wmean", "mean"], help="STS12–16 aggregation")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--precision", default="auto", choices=["auto", "bf16", "32"])
@@ -87,7 +88,8 @@ def evaluate(options: argparse.Namespace) -> None:
 
     silence_known_noise()
     report_dir = Path(options.output) if options.output and not options.output.endswith(".json") else None
-    results_file = None if options.output is None else report_dir / "results.json" if report_dir else Path(options.output)
+    results_file = (None if options.output is None else report_dir / "results.json" if report_dir
+                    else Path(options.output))
     if results_file is not None:
         check_writable(results_file, "--output")
     plan = SuitePlan.load(evaluators, options.data_dir, options.max_examples)  # missing data: before any model loads
@@ -110,7 +112,8 @@ def evaluate(options: argparse.Namespace) -> None:
             atomic_write_bytes(results_file, encode_results(results[label] if one_model else results))
 
     try:
-        for index, (model, label) in enumerate(zip(options.model, model_labels(options.model, options.name))):
+        labels = model_labels(options.model, options.name)
+        for index, (model, label) in enumerate(zip(options.model, labels, strict=True)):
             template = {} if options.template is None else {"template": options.template}
             embedder = load_embedder(model, options.pooler, device, options.batch_size, options.trust_checkpoint,
                                      options.precision, **template)
@@ -228,11 +231,13 @@ def encoding_estimate(encode: Callable[..., object], plan: SuitePlan, batch_size
     per_model = len(every) / rate
     return (f"estimate: {len(every):,} sentences at {rate:,.0f}/s (measured on {len(sample)}): encoding takes about "
             f"{_duration(per_model)} per model, {_duration(per_model * models)} in all"
-            + ("; the transfer classifiers and K-means runs add to it" if {"transfer", "cluster"} & set(planned) else ""))
+            + ("; the transfer classifiers and K-means runs add to it"
+               if {"transfer", "cluster"} & set(planned) else ""))
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
+            else f"{seconds / 3600:.1f} h")
 
 
 def finished_tasks(results: dict) -> list[str]:

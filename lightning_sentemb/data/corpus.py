@@ -61,8 +61,8 @@ def nli_columns(header: Collection[str], source: str = "an NLI csv") -> list[str
     problem = ("needs a header with sent0,sent1[,hard_neg] or sent0,sent1,hard_neg_1,...,hard_neg_k"
                if not {"sent0", "sent1"} <= set(header) else
                "has both hard_neg and hard_neg_k columns; keep one kind" if numbered and "hard_neg" in header else
-               "numbers its hard_neg_k columns with gaps; number them 1..k" if numbered != list(range(1, len(numbered) + 1))
-               else None)
+               "numbers its hard_neg_k columns with gaps; number them 1..k"
+               if numbered != list(range(1, len(numbered) + 1)) else None)
     if problem:
         raise SentEmbUserError(f"{source}: an NLI csv {problem}; got {list(header)}")
     negatives = ["hard_neg"] if "hard_neg" in header else [f"hard_neg_{k}" for k in numbered]
@@ -361,8 +361,8 @@ def _write_arrow(file: IO[bytes], reader: CorpusReader, tokenize: ChunkTokenizer
     """The Arrow stream `Dataset.from_file` opens, one record batch per chunk, with progress in lines/s."""
     writer = schema = None
     start = time.perf_counter()
-    with progress_bar(total=reader.size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"tokenize {reader.path.name}",
-              leave=False) as progress:
+    with progress_bar(total=reader.size, unit="B", unit_scale=True, unit_divisor=1024,
+                      desc=f"tokenize {reader.path.name}", leave=False) as progress:
         for columns in tokenized_chunks(reader, tokenize, workers):
             if writer is None:
                 schema = Features({column: Value("int32") if column == "label" else List(Value("int32"))

@@ -41,7 +41,7 @@ class StsPairs(Dataset):
     def __init__(self, task: StsTask) -> None:
         self.task = task
         self.subset_ids = {name: i for i, name in enumerate(STS_SUBSETS.get(task.name, (task.name,)))}
-        lengths = [len(a) + len(b) for a, b in zip(task.first, task.second)]
+        lengths = [len(a) + len(b) for a, b in zip(task.first, task.second, strict=True)]
         self.order = np.argsort(lengths, kind="stable")
 
     def __len__(self) -> int:
@@ -171,9 +171,9 @@ class TrainLoader:
         self.sampler = batch_sampler
         self.batch_size = batch_sampler.batch_size
         # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
-        self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, collate_fn=SeededCollate(collator),
-                                 num_workers=num_workers, generator=torch.Generator().manual_seed(batch_sampler.seed),
-                                 worker_init_fn=ignore_stop_signals, pin_memory=pin_memory,
+        self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, num_workers=num_workers,
+                                 collate_fn=SeededCollate(collator), worker_init_fn=ignore_stop_signals,
+                                 generator=torch.Generator().manual_seed(batch_sampler.seed), pin_memory=pin_memory,
                                  persistent_workers=persistent_workers and num_workers > 0)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -351,9 +351,9 @@ class SentEmbDataModule(LightningDataModule):
             )
 
     def train_dataloader(self) -> TrainLoader:
-        trainer = self.trainer
+        trainer, examples = self.trainer, len(self.train_dataset)
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = ResumableBatchSampler(len(self.train_dataset), self.hparams.batch_size, self.method.run_seed, replicas, rank)
+        sampler = ResumableBatchSampler(examples, self.hparams.batch_size, self.method.run_seed, replicas, rank)
         sampler.resume(self.batches_done)
         pin_memory = torch.cuda.is_available() if self.hparams.pin_memory is None else self.hparams.pin_memory
         loader = TrainLoader(self.train_dataset, sampler, self.method.collator, self.hparams.num_workers, pin_memory,

@@ -140,7 +140,8 @@ def check_data_dir(data_dir: str | os.PathLike | None = None, required: Sequence
             except (SentEmbUserError, ValueError, UnicodeDecodeError) as error:
                 problems.append(f"{name}: {str(error).split('. Fetch it')[0]}")
         state = "ok" if not problems else "missing" if len(problems) == len(items) else "partial"
-        fetch = f"`sentemb data download --to {root} --what {item}`" if item else "not fetched by `sentemb data download`"
+        fetch = (f"`sentemb data download --to {root} --what {item}`" if item
+                 else "not fetched by `sentemb data download`")
         subset = _subset_note(group, root) if not problems else ""
         print(f"{group:9} {state:8} {len(items) - len(problems)}/{len(items)}  {purpose}{subset}")
         for problem in problems:

@@ -57,7 +57,7 @@ def read_sts_year(directory: str | os.PathLike, name: str) -> StsTask:
         golds = scores.read_text(encoding="utf8").splitlines()
         if len(pairs) != len(golds):
             raise ValueError(f"{inputs} has {len(pairs)} pairs but {scores} has {len(golds)} scores")
-        for line, score in zip(pairs, golds):
+        for line, score in zip(pairs, golds, strict=True):
             if score.strip() == "":
                 continue
             a, b = line.split("\t")[:2]

@@ -117,8 +117,8 @@ class TemplateFormat(PlainFormat):
         if self.readout == "last":
             before, mask, after = text.partition("[MASK]")
             if mask and "[X]" not in before:
-                raise SentEmbUserError(f"model.init_args: template {text!r}: a causal model reads the token before [MASK], "
-                                       "so [X] must come first")
+                raise SentEmbUserError(f"model.init_args: template {text!r}: a causal model reads the token "
+                                       "before [MASK], so [X] must come first")
             pieces = MARKERS.split(before)
         else:
             pieces = MARKERS.split(text.replace("[MASK]", self.tokenizer.mask_token))
@@ -253,7 +253,8 @@ class TemplateEncoder(Encoder):
             elif prompt_init == "normal":
                 initial = torch.randn(shape) * self.backbone.config.initializer_range
             else:
-                raise SentEmbUserError(f"model.init_args.prompt_init must be 'uniform' or 'normal', got {prompt_init!r}")
+                raise SentEmbUserError("model.init_args.prompt_init must be 'uniform' or 'normal', "
+                                       f"got {prompt_init!r}")
             self.prompt = nn.Parameter(initial)
             if not self.weights_deferred:
                 self.init_continuous_prompt()

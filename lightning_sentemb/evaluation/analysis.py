@@ -167,7 +167,7 @@ def tsne_pairs(
     ax = fig.add_subplot()
     for g, score in enumerate(groups):
         rows = slice(g * pairs_per_group, (g + 1) * pairs_per_group)
-        for (x0, y0), (x1, y1) in zip(a[rows], b[rows]):
+        for (x0, y0), (x1, y1) in zip(a[rows], b[rows], strict=True):
             ax.plot([x0, x1], [y0, y1], color=TSNE_COLORS[g], linewidth=0.8, alpha=0.6)
         ax.scatter(*np.concatenate([a[rows], b[rows]]).T, color=TSNE_COLORS[g], s=14, label=f"{score:g}")
     ax.legend(fontsize=8, title="gold score, pairs joined", title_fontsize=8)

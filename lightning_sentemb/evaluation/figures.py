@@ -35,11 +35,11 @@ def few_shot_figure(results: dict[str, dict], columns: Sequence[tuple[str, str]]
     colors = {model: f"C{i % 10}" for i, model in enumerate(models)}
     fig = Figure(figsize=(1.8 * len(columns) + 1.2, 3.8), layout="constrained")
     axes = fig.subplots(1, len(columns), sharey=True, squeeze=False)[0]
-    for ax, (key, title) in zip(axes, columns):
+    for ax, (key, title) in zip(axes, columns, strict=True):
         names = [m for m in models if "few_shot" in results[m].get("transfer", {}).get(key, {})]
         boxes = ax.boxplot([results[m]["transfer"][key]["few_shot"]["accs"] for m in names],
                            positions=range(len(names)), patch_artist=True)
-        for box, name in zip(boxes["boxes"], names):
+        for box, name in zip(boxes["boxes"], names, strict=True):
             box.set_facecolor(colors[name])
         ax.set_xticks([])
         ax.set_title(title)

@@ -112,7 +112,7 @@ def model_labels(models: Sequence[str], names: Sequence[str] | None = None) -> l
              for m in models]
     depth = [min(2, len(p)) for p in parts]
     while True:
-        labels = ["/".join(p[len(p) - d :]) for p, d in zip(parts, depth)]
+        labels = ["/".join(p[len(p) - d :]) for p, d in zip(parts, depth, strict=True)]
         files = [safe_filename(label) for label in labels]
         clashing = [i for i, file in enumerate(files) if files.count(file) > 1]
         growing = [i for i in clashing if depth[i] < len(parts[i])]
@@ -320,7 +320,7 @@ def _analysis_section(results: dict[str, dict], out_dir: Path, written: dict[str
 
 def _frequent_tokens_section(results: dict[str, dict], out_dir: Path, written: dict[str, Path]) -> list[str]:
     removal = {
-        model: dict(zip(r["frequent_tokens"]["ks"], r["frequent_tokens"]["scores"]))
+        model: dict(zip(r["frequent_tokens"]["ks"], r["frequent_tokens"]["scores"], strict=True))
         for model, r in results.items()
         if "frequent_tokens" in r
     }

@@ -97,8 +97,10 @@ class StsSpearman(Metric):
         self.subset.append(subset.long())
 
     def compute(self) -> torch.Tensor:
-        index, pred, gold, subset = (dim_zero_cat(s).cpu().numpy() for s in (self.index, self.pred, self.gold, self.subset))
+        index, pred, gold, subset = (dim_zero_cat(s).cpu().numpy()
+                                     for s in (self.index, self.pred, self.gold, self.subset))
         _, first = np.unique(index, return_index=True)
         names = np.asarray(self.subset_names)[subset[first]]
-        score = sts_correlations(pred[first].astype(np.float64), gold[first].astype(np.float64), names)[self.aggregation]
+        correlations = sts_correlations(pred[first].astype(np.float64), gold[first].astype(np.float64), names)
+        score = correlations[self.aggregation]
         return torch.tensor(score)

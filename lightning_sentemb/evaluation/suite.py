@@ -27,7 +27,8 @@ def capped(data: Any, limit: int | None, min_per_class: int = 0, seed: int = 0) 
     """`data` (an StsTask, a transfer split, a clustering task) with about `limit` rows, drawn at random
     (seeded) and kept in their order; labelled data is drawn per class, in proportion, with at least
     `min_per_class` of each where it has them. None or a larger `limit`: `data` itself."""
-    columns = {f.name: getattr(data, f.name) for f in fields(data) if isinstance(getattr(data, f.name), (list, np.ndarray))}
+    columns = {f.name: getattr(data, f.name) for f in fields(data)
+               if isinstance(getattr(data, f.name), (list, np.ndarray))}
     size = len(next(iter(columns.values())))
     if limit is None or size <= limit:
         return data
@@ -37,7 +38,8 @@ def capped(data: Any, limit: int | None, min_per_class: int = 0, seed: int = 0) 
         keep = rng.choice(size, limit, replace=False)
     else:
         keep = np.concatenate([
-            rng.choice(members, min(len(members), max(min_per_class, round(limit * len(members) / size))), replace=False)
+            rng.choice(members, min(len(members), max(min_per_class, round(limit * len(members) / size))),
+                       replace=False)
             for members in (np.flatnonzero(labels == label) for label in np.unique(labels))
         ])
     keep = np.sort(keep)
@@ -155,7 +157,8 @@ def evaluate_suite(
                                         few_shot="fewshot" in plan.evaluators)
         finished("transfer", {**results.get("transfer", {}), task: done})
     for task, data in plan.clustering.items():
-        finished("clustering", {**results.get("clustering", {}), task: evaluate_clustering_data(numpy("cluster"), task, data)})
+        done = evaluate_clustering_data(numpy("cluster"), task, data)
+        finished("clustering", {**results.get("clustering", {}), task: done})
     if "analysis" in plan.evaluators:
         stsb = plan.analysis_pairs
         finished("analysis", analyze_sts_pairs(numpy("analysis"), stsb.first, stsb.second, stsb.gold,

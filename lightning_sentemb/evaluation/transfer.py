@@ -60,9 +60,10 @@ Features = tuple[np.ndarray, np.ndarray]  # (x, y)
 def senteval_order(split: LabelledSentences | LabelledPairs) -> np.ndarray:
     """Permutation SentEval applies before encoding: by token count(s), then label (stable)."""
     if isinstance(split, LabelledPairs):
-        keys = [(len(a.split()), len(b.split()), int(y)) for a, b, y in zip(split.first, split.second, split.labels)]
+        keys = [(len(a.split()), len(b.split()), int(y))
+                for a, b, y in zip(split.first, split.second, split.labels, strict=True)]
     else:
-        keys = [(len(s.split()), int(y)) for s, y in zip(split.sentences, split.labels)]
+        keys = [(len(s.split()), int(y)) for s, y in zip(split.sentences, split.labels, strict=True)]
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
@@ -127,7 +128,7 @@ def cross_validated_accuracy(
     """MR/CR/SUBJ/MPQA protocol: outer k-fold test accuracy, C picked by inner k-fold."""
     folds = transfer_folds(y, kfold, seed)
     per_fold = Parallel(n_jobs=n_jobs)(delayed(_outer_fold)(x, y, train, test, kfold, seed) for train, test in folds)
-    dev, test = zip(*per_fold)
+    dev, test = zip(*per_fold, strict=True)
     return {
         "acc": round(float(np.mean(test)), 2),
         "devacc": round(float(np.mean(dev)), 2),

@@ -44,9 +44,11 @@ def check_export_folder(out_dir: str | os.PathLike) -> Path:
     before loading the checkpoint."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise ExportFolderNotEmptyError(f"export folder {out_dir} is a file; choose a new folder name (the file is kept)")
+        raise ExportFolderNotEmptyError(f"export folder {out_dir} is a file; choose a new folder name "
+                                        "(the file is kept)")
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise ExportFolderNotEmptyError(f"export folder {out_dir} exists and is not empty; choose a new folder or remove it")
+        raise ExportFolderNotEmptyError(f"export folder {out_dir} exists and is not empty; "
+                                        "choose a new folder or remove it")
     return out_dir
 
 

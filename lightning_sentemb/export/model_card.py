@@ -169,7 +169,8 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     try:
         results = json.loads(file.read_text())
     except (OSError, ValueError) as error:
-        raise SentEmbUserError(f"--results {path}: not a results file of `sentemb evaluate --output` ({error})") from error
+        raise SentEmbUserError(f"--results {path}: not a results file of `sentemb evaluate --output` "
+                               f"({error})") from error
     if not isinstance(results, dict) or not results:
         raise SentEmbUserError(f"--results {file}: holds no results")
     capped = results.get("max_examples") or next((r.get("max_examples") for r in results.values() if isinstance(r, dict)

@@ -63,7 +63,8 @@ def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[
     modules.json. Shared by every export whose first module yields sentence-only token embeddings."""
     pooler = method.hparams.pooler
     if pooler not in ST_POOLING:
-        raise SentEmbUserError(f"{type(method).__name__} with pooler {pooler!r} has no sentence-transformers export yet")
+        raise SentEmbUserError(f"{type(method).__name__} with pooler {pooler!r} has no sentence-transformers "
+                               "export yet")
     hidden = method.encoder.hidden_size
     layer_weights = _layer_weights(method)
     if layer_weights is not None:
@@ -71,20 +72,22 @@ def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[
         path = f"{len(modules)}_WeightedLayerPooling"
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
                         "type": "sentence_transformers.models.WeightedLayerPooling"})
-        write_json(folder / path / "config.json",
-                    {"word_embedding_dimension": hidden, "layer_start": start, "num_hidden_layers": start + len(weights) - 1})
+        write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "layer_start": start,
+                                                   "num_hidden_layers": start + len(weights) - 1})
         save_file({"layer_weights": torch.tensor(weights)}, str(folder / path / "model.safetensors"))
     path = f"{len(modules)}_Pooling"
-    modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Pooling"})
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
+                    "type": "sentence_transformers.models.Pooling"})
     write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})
     if method.eval_mlp is not None:
         path = f"{len(modules)}_Dense"
-        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": "sentence_transformers.models.Dense"})
+        modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
+                        "type": "sentence_transformers.models.Dense"})
         write_json(folder / path / "config.json", {"in_features": hidden, "out_features": hidden, "bias": True,
                                                     "activation_function": "torch.nn.modules.activation.Tanh"})
         linear = method.eval_mlp[0]
-        save_file({"linear.weight": linear.weight.detach().contiguous(), "linear.bias": linear.bias.detach().contiguous()},
-                  str(folder / path / "model.safetensors"))
+        save_file({"linear.weight": linear.weight.detach().contiguous(),
+                   "linear.bias": linear.bias.detach().contiguous()}, str(folder / path / "model.safetensors"))
     write_json(folder / "modules.json", modules)
 
 

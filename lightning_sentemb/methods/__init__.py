@@ -19,5 +19,6 @@ from .sncse import SNCSE
 
 __all__ = [
     "DCLR", "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "BERTFlow", "ClusterNS", "ClusterNSPrefix",
-    "ClusterNSPrompt", "ConPVP", "ConSERT", "ESimCSE", "MixCSE", "PromptBERT", "SentEmbMethod", "SimCSE", "build_method",
+    "ClusterNSPrompt", "ConPVP", "ConSERT", "ESimCSE", "MixCSE", "PromptBERT", "SentEmbMethod", "SimCSE",
+    "build_method",
 ]

@@ -25,7 +25,8 @@ from ..matryoshka import truncate
 def sts_metrics(aggregation: str) -> nn.ModuleDict:
     """One streaming Spearman metric per STS task (test) and dev task (validation)."""
     return nn.ModuleDict({
-        task.replace(".", "_"): StsSpearman(STS_SUBSETS.get(task, (task,)), aggregation) for task in STS_TASKS + DEV_TASKS
+        task.replace(".", "_"): StsSpearman(STS_SUBSETS.get(task, (task,)), aggregation)
+        for task in STS_TASKS + DEV_TASKS
     })
 
 

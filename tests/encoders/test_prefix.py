@@ -57,7 +57,7 @@ def test_zero_length_prefix_reproduces_plain_backbone(family: str, attn: str, po
     atol = 0.0 if attn == "sdpa" else 1e-6
     torch.testing.assert_close(ours.last_hidden_state, plain.last_hidden_state, rtol=0, atol=atol)
     assert len(ours.hidden_states) == len(plain.hidden_states) == LAYERS + 1
-    for ours_layer, plain_layer in zip(ours.hidden_states, plain.hidden_states):
+    for ours_layer, plain_layer in zip(ours.hidden_states, plain.hidden_states, strict=True):
         torch.testing.assert_close(ours_layer, plain_layer, rtol=0, atol=atol)
 
 

@@ -78,7 +78,7 @@ def write_transfer_fixture(root: Path, n: int = 20) -> Path:
     for split, seed in (("train", 3), ("dev", 4), ("test", 5)):
         sentences, labels = labelled_sentences(n, seed, [NEGATIVE, POSITIVE])
         (sst / f"sentiment-{split}").write_text(
-            "".join(f"{s} \t{y}\n" for s, y in zip(sentences, labels)), encoding="utf-8"
+            "".join(f"{s} \t{y}\n" for s, y in zip(sentences, labels, strict=True)), encoding="utf-8"
         )
     trec = downstream / "TREC"
     trec.mkdir(parents=True)
@@ -86,15 +86,16 @@ def write_transfer_fixture(root: Path, n: int = 20) -> Path:
     coarse = ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]
     for name, seed in (("train_5500.label", 6), ("TREC_10.label", 7)):
         sentences, labels = labelled_sentences(n, seed, questions)
-        lines = [f"{coarse[y]}:fine {s} ?" for s, y in zip(sentences, labels)]
+        lines = [f"{coarse[y]}:fine {s} ?" for s, y in zip(sentences, labels, strict=True)]
         (trec / name).write_bytes(("\n".join(lines) + "\n").encode("latin-1"))
     mrpc = downstream / "MRPC"
     mrpc.mkdir(parents=True)
     for name, seed in (("msr_paraphrase_train.txt", 8), ("msr_paraphrase_test.txt", 9)):
         first, labels = labelled_sentences(n, seed, [NEGATIVE, POSITIVE])
-        second = [s if y else s.replace(s.split()[2], "unrelated") for s, y in zip(first, labels)]
+        second = [s if y else s.replace(s.split()[2], "unrelated") for s, y in zip(first, labels, strict=True)]
         lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
-        lines += [f"{y}\t{i}\t{i + 1000}\t{a}\t{b}" for i, (a, b, y) in enumerate(zip(first, second, labels))]
+        lines += [f"{y}\t{i}\t{i + 1000}\t{a}\t{b}"
+                  for i, (a, b, y) in enumerate(zip(first, second, labels, strict=True))]
         (mrpc / name).write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines) + "\n").encode("utf-8"))
     return root
 
@@ -116,16 +117,16 @@ def write_clustering_fixture(root: Path, n: int = 15) -> Path:
         sentences, labels = labelled_sentences(n, 10 + i, TOPICS)
         path = short / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(line_end.join(f"{y + 1}\t{s}" for s, y in zip(sentences, labels)).encode("utf-8"))
+        path.write_bytes(line_end.join(f"{y + 1}\t{s}" for s, y in zip(sentences, labels, strict=True)).encode("utf-8"))
     sentences, labels = labelled_sentences(n, 30, TOPICS)
     (root / "clustering" / "dbpedia14_subsample").mkdir(parents=True)
     (root / "clustering" / "dbpedia14_subsample" / "test.csv").write_text(
-        "".join(f'"{y + 1}","{s}, indeed"\n' for s, y in zip(sentences, labels)), encoding="utf-8"
+        "".join(f'"{y + 1}","{s}, indeed"\n' for s, y in zip(sentences, labels, strict=True)), encoding="utf-8"
     )
     (root / "clustering" / "agnews_full_test").mkdir(parents=True)
     (root / "clustering" / "agnews_full_test" / "test.csv").write_text(
         "Class Index,Title,Description\n"
-        + "".join(f'{y + 1},"{s}","more\\words"\n' for s, y in zip(sentences, labels)),
+        + "".join(f'{y + 1},"{s}","more\\words"\n' for s, y in zip(sentences, labels, strict=True)),
         encoding="utf-8",
     )
     return root

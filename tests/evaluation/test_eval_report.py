@@ -23,7 +23,8 @@ def test_tables_follow_the_papers_and_average_only_complete_rows(tmp_path: Path)
     transfer = {
         task: {"acc": acc}
         for task, acc in zip(
-            ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"], [80.0, 85.0, 90.0, 88.0, 86.0, 84.0, 74.0]
+            ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"], [80.0, 85.0, 90.0, 88.0, 86.0, 84.0, 74.0],
+            strict=True,
         )
     }
     clustering = {"AgNews": {"acc": 70.0, "nmi": 0.5, "ami": 0.4}, "DBpedia": {"acc": 60.0, "nmi": 0.6, "ami": 0.7355}}
@@ -70,7 +71,8 @@ def test_end_to_end_report_on_fixtures(eval_data: Path, tmp_path: Path):
             ),
             "clustering": evaluate_clustering(encode, eval_data, tasks=["AgNews", "Tweet", "DBpedia"], runs=2),
             "analysis": analyze_sts_pairs(encode, first, second, gold, tmp_path / "work", name=name, pairs_per_group=2),
-            "frequent_tokens": frequent_token_removal(lambda k, encode=encode: encode, sts_score, first + second, ks=(0, 1, 2)),
+            "frequent_tokens": frequent_token_removal(lambda k, encode=encode: encode, sts_score, first + second,
+                                                      ks=(0, 1, 2)),
         }
     out = tmp_path / "report"
     written = write_report(results, out)

@@ -34,8 +34,8 @@ def test_folds_are_deterministic_for_a_seed_and_partition_the_data():
     folds = transfer_folds(labels, kfold=5, seed=1111)
     again = transfer_folds(labels, kfold=5, seed=1111)
     other = transfer_folds(labels, kfold=5, seed=7)
-    assert all(np.array_equal(a[1], b[1]) for a, b in zip(folds, again))
-    assert not all(np.array_equal(a[1], b[1]) for a, b in zip(folds, other))
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(folds, again, strict=True))
+    assert not all(np.array_equal(a[1], b[1]) for a, b in zip(folds, other, strict=True))
     assert sorted(np.concatenate([test for _, test in folds]).tolist()) == list(range(30))
     assert all(np.bincount(labels[test]).tolist() == [3, 3] for _, test in folds)  # stratified
 

@@ -19,7 +19,7 @@ from mteb.abstasks.task_metadata import TaskMetadata  # noqa: E402
 from lightning_sentemb.errors import SentEmbUserError  # noqa: E402
 from lightning_sentemb.evaluation.mteb import MTEBModel, evaluate_mteb, load_task_data, mteb_tasks  # noqa: E402
 from lightning_sentemb.loading import Embedder  # noqa: E402
-from lightning_sentemb.methods.building import build_method
+from lightning_sentemb.methods.building import build_method  # noqa: E402
 
 # STS-B test pairs scored on both sides: a seeded subset (MiniLM on two shared cores encodes ~50
 # sentences/s), the same for both
@@ -60,7 +60,7 @@ def stsb_minilm(shared_data: Path):
 
     def remembered(sentences: list[str], **kwargs) -> torch.Tensor:
         embeddings = model.embedder.encode(sentences, **kwargs)
-        computed.update(zip(sentences, embeddings))
+        computed.update(zip(sentences, embeddings, strict=True))
         return embeddings
 
     ours = evaluate_sts(remembered, [stsb])["STSBenchmark"]

@@ -11,12 +11,11 @@ from lightning_sentemb.callbacks.kmeans import assign, update_centroids
 from lightning_sentemb.losses.clusterns import ClusterNSLoss
 from lightning_sentemb.losses.dclr import dclr_loss, harder_noise
 from lightning_sentemb.losses.energy_hinge import InfoNCEHingeLoss
-from lightning_sentemb.losses.info_nce import InfoNCELoss
-from lightning_sentemb.losses.nt_xent import nt_xent
-from lightning_sentemb.losses.nli_softmax import NLISoftmaxLoss
-from lightning_sentemb.losses.sncse import SNCSELoss
 from lightning_sentemb.losses.info_nce import InfoNCELoss, info_nce
 from lightning_sentemb.losses.mixcse import MixCSELoss, mixing_partners
+from lightning_sentemb.losses.nli_softmax import NLISoftmaxLoss
+from lightning_sentemb.losses.nt_xent import nt_xent
+from lightning_sentemb.losses.sncse import SNCSELoss
 from lightning_sentemb.precision import exact_fp32
 
 N, DIM, K = 64, 48, 6
