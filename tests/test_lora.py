@@ -1,6 +1,6 @@
 """LoRA (peft) and the memory switches on tiny random encoders and decoders: what trains, checkpoints of a
 frozen base, both export forms against `encode`, gradient caching, packing and gradient checkpointing
-against their plain paths, exact resume, low-precision and 4-bit loading."""
+against their plain paths, exact resume (low-precision and 4-bit loading: tests/test_low_precision.py)."""
 
 from __future__ import annotations
 
@@ -321,13 +321,6 @@ def test_resume_with_lora_is_bit_exact_and_checkpoints_hold_no_base(family, extr
     assert checkpoint["sentemb_backbone"]["name"] == backbone
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text("".join(f"sentence {i} is about cats and dogs number {i % 3} .\n" for i in range(20)))
-    return path
-
-
 def test_a_checkpoint_on_a_different_base_is_one_line(tiny_qwen2, tiny_llama, tmp_path, capsys) -> None:
     """Qwen2 and Llama of the same shape have the same adapter names: only the identity tells them apart."""
     from lightning_sentemb.cli import main
@@ -357,41 +350,6 @@ def test_a_checkpoint_missing_trained_tensors_is_refused(tiny_bert, tmp_path) ->
     torch.save(checkpoint, tmp_path / "broken.ckpt")
     with pytest.raises(RuntimeError, match=f"Missing key.*{name}"):
         SimCSE.load_from_checkpoint(tmp_path / "broken.ckpt")
-
-
-# ----- low-precision and 4-bit backbones -----------------------------------------------------------
-def test_bf16_backbone_keeps_what_trains_in_fp32(tiny_bert) -> None:
-    method = build_method(SimCSE, tiny_bert, pooler="cls", mlp="always", mlm_weight=0.1, lora=LORA,
-                          backbone_dtype="bf16")
-    assert all(p.dtype == torch.float32 for p in method.parameters() if p.requires_grad)
-    base = [p.dtype for n, p in method.encoder.backbone.named_parameters() if ".lora_" not in n]
-    assert base and all(dtype == torch.bfloat16 for dtype in base)
-    assert torch.isfinite(method.encode(SENTENCES)).all()  # evaluation autocasts to bf16, CPU included
-    before = base_state(method)
-    short_fit(method, steps=2, precision="bf16-mixed")
-    assert all(torch.equal(v, before[k]) for k, v in base_state(method).items())
-    with pytest.raises(SentEmbUserError, match="backbone_dtype bf16.*trainer.precision bf16-mixed"):
-        short_fit(method, steps=1, precision="32-true")
-
-
-def test_low_precision_refuses_a_trained_backbone(tiny_bert) -> None:
-    with pytest.raises(SentEmbUserError, match="backbone_dtype fp16.*model.init_args.lora"):
-        build_method(SimCSE, tiny_bert, backbone_dtype="fp16")
-    assert build_method(DCPCSE, tiny_bert, prefix_len=2, backbone_dtype="fp16").backbone_frozen  # a frozen backbone may
-
-
-def test_4bit_is_refused_without_a_gpu_or_bitsandbytes(tiny_bert, monkeypatch) -> None:
-    import importlib.util
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SentEmbUserError, match="load_in_4bit: 4-bit weights .* need a CUDA GPU"):
-        build_method(SimCSE, tiny_bert, lora=LORA, load_in_4bit=True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "bitsandbytes" else find_spec(name, *a))
-    with pytest.raises(SentEmbUserError, match=r"pip install 'lightning_sentemb\[qlora\]'"):
-        build_method(SimCSE, tiny_bert, lora=LORA, load_in_4bit=True)
 
 
 @pytest.mark.slow
