@@ -6,8 +6,19 @@ The message names the file or option at fault and how to fix it.
 
 from __future__ import annotations
 
-__all__ = ["SentEmbUserError"]
+from typing import Any
+
+__all__ = ["SentEmbUserError", "check_choice"]
 
 
 class SentEmbUserError(Exception):
     """Bad input or a run that cannot do what was asked; the message is the whole story."""
+
+
+def check_choice(option: str, value: Any, choices: Any, allow_none: bool = False) -> None:
+    """Refuse a value outside a `Literal`'s choices in one line naming the option: the CLI checks the
+    annotation itself, a method built in Python (tests, notebooks) does not."""
+    allowed = choices.__args__
+    if value not in allowed and not (allow_none and value is None):
+        listed = ", ".join(map(str, allowed))
+        raise SentEmbUserError(f"{option} must be {'null or ' if allow_none else ''}one of {listed}, got {value!r}")

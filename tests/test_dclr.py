@@ -159,7 +159,7 @@ def test_the_complementary_model_is_the_guide_with_phi(tiny_bert):
     assert build_method(DCLR, tiny_bert).guide is None  # no complementary model: no instance weighting
     with pytest.raises(SentEmbUserError, match="its threshold is model.init_args.phi"):
         build_method(DCLR, tiny_bert, guide={"model": tiny_bert, "margin": 0.1})
-    with pytest.raises(SentEmbUserError, match="objective must be paper or reference"):
+    with pytest.raises(SentEmbUserError, match="objective must be one of paper, reference, got"):
         build_method(DCLR, tiny_bert, objective="code")
 
 

@@ -142,7 +142,7 @@ def test_the_method_mixes_the_global_batchs_positives(tiny_bert) -> None:
 def test_settings_that_cannot_apply_are_one_line(tiny_bert) -> None:
     with pytest.raises(SentEmbUserError, match="mix_layout reference mixes each sentence with the next one"):
         build_method(MixCSE, tiny_bert, mix_layout="reference", num_mixed=2)
-    with pytest.raises(SentEmbUserError, match="mix_with must be one of random, next"):
+    with pytest.raises(SentEmbUserError, match="mix_with must be null or one of random, next"):
         build_method(MixCSE, tiny_bert, mix_with="hardest")
     method = build_method(MixCSE, tiny_bert, num_mixed=6)
     with pytest.raises(SentEmbUserError, match="num_mixed 6: a global batch of 6 has 5 other sentences"):

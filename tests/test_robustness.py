@@ -269,3 +269,15 @@ def test_an_export_naming_the_old_module_path_still_loads(method_name, new_path,
     assert f"{type(model[0]).__module__}.{type(model[0]).__name__}" == new_path
     torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), method.encode(SENTENCES),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_choice_outside_its_literal_is_one_line_when_built_in_python(tiny_bert):
+    """The CLI checks a `Literal` annotation itself; a method built in Python gets the same one line."""
+    from lightning_sentemb.methods import SimCSE
+    from lightning_sentemb.methods.mntp import MNTP
+
+    with pytest.raises(SentEmbUserError, match=r"^model\.init_args\.attn_implementation must be null or one of "
+                                               r"padded, sdpa, eager, flash_attention_2, flex_attention, got 'flash'$"):
+        build_method(SimCSE, tiny_bert, attn_implementation="flash")
+    with pytest.raises(SentEmbUserError, match=r"^model\.init_args\.mask_replace must be one of bert, all, got None$"):
+        build_method(MNTP, tiny_bert, mask_replace=None)

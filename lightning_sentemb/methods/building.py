@@ -21,7 +21,7 @@ from ..build import build_method
 from ..encoders.lora import add_lora, peft_base_reference
 from ..encoders.memory import enable_gradient_checkpointing, from_pretrained_options
 from ..encoders.plain import Encoder, backbone_loading
-from ..errors import SentEmbUserError
+from ..errors import SentEmbUserError, check_choice
 from ..fsdp import is_sharded
 
 # null = padding-free; "padded" = transformers' padded forward with the kernel it picks; a kernel name = with it
@@ -58,9 +58,7 @@ def build_encoder_for(method: LightningModule) -> Encoder:
     hyper-parameters say (dtype, 4-bit, dropout, attention kernel), `bidirectional` applied."""
     hp = method.hparams
     options = with_dropout(from_pretrained_options(hp.backbone_dtype, hp.load_in_4bit), method.family, hp.dropout)
-    if hp.attn_implementation is not None and hp.attn_implementation not in AttnImplementation.__args__:
-        raise SentEmbUserError(f"model.init_args.attn_implementation must be null or one of "
-                               f"{', '.join(AttnImplementation.__args__)}, got {hp.attn_implementation!r}")
+    check_choice("model.init_args.attn_implementation", hp.attn_implementation, AttnImplementation, allow_none=True)
     options.update(kernel_option(method))
     try:
         with backbone_loading(defer_weights=True, **options):

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..data.datamodule import batch_seed
 from ..distributed import gather_with_grad, local_labels
-from ..errors import SentEmbUserError
+from ..errors import SentEmbUserError, check_choice
 from ..losses.dclr import Objective, dclr_loss, harder_noise
 from .base import SentEmbMethod
 from .guide import GuideOption
@@ -97,8 +97,7 @@ class DCLR(SentEmbMethod):
         guide: GuideOption = None,
         **kwargs: Any,
     ) -> None:
-        if objective not in Objective.__args__:
-            raise SentEmbUserError(f"model.init_args.objective must be paper or reference, got {objective!r}")
+        check_choice("model.init_args.objective", objective, Objective)
         for name, value in {"noise_times": noise_times, "noise_std": noise_std, "noise_steps": noise_steps,
                             "noise_step_size": noise_step_size}.items():
             if value < 0:

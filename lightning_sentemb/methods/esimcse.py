@@ -39,7 +39,7 @@ from lightning.pytorch import Callback
 from torch import Tensor
 
 from ..distributed import gather_strided_rows, gather_with_grad, local_labels, world
-from ..errors import SentEmbUserError
+from ..errors import SentEmbUserError, check_choice
 from ..fsdp import is_sharded
 from ..grad_cache import chunk_spans, rows_of
 from ..losses.info_nce import info_nce
@@ -130,10 +130,8 @@ class ESimCSE(SentEmbMethod):
     def __init__(self, backbone: str, dup_rate: float = 0.32, dup_rule: DupRule = "paper",
                  dup_unit: DupUnit = "subword", momentum: float = 0.995, queue_batches: float = 2.5,
                  queue_size: int | None = None, **kwargs: Any) -> None:
-        for option, value, allowed in (("dup_rule", dup_rule, DupRule), ("dup_unit", dup_unit, DupUnit)):
-            if value not in allowed.__args__:
-                raise SentEmbUserError(f"model.init_args.{option} must be one of {', '.join(allowed.__args__)}, "
-                                       f"got {value!r}")
+        check_choice("model.init_args.dup_rule", dup_rule, DupRule)
+        check_choice("model.init_args.dup_unit", dup_unit, DupUnit)
         if not 0 <= dup_rate < 1 or not 0 <= momentum < 1 or queue_batches < 0 or (queue_size or 0) < 0:
             raise SentEmbUserError("model.init_args: ESimCSE takes 0 <= dup_rate < 1, 0 <= momentum < 1 and a "
                                    f"queue_batches / queue_size >= 0; got dup_rate {dup_rate}, momentum {momentum}, "

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..data.datamodule import batch_seed
 from ..distributed import gather_with_grad, local_labels, world
-from ..errors import SentEmbUserError
+from ..errors import SentEmbUserError, check_choice
 from ..losses.mixcse import MixCSELoss, MixLayout, MixWith, mixing_partners
 from .base import SentEmbMethod
 from .simcse import SimCSEViews
@@ -59,10 +59,8 @@ class MixCSE(SentEmbMethod):
 
     def __init__(self, backbone: str, mix_lambda: float = 0.2, num_mixed: int = 1, mix_with: MixWith | None = None,
                  stop_gradient: bool = True, mix_layout: MixLayout = "paper", **kwargs: Any) -> None:
-        for option, value, allowed in (("mix_with", mix_with, MixWith), ("mix_layout", mix_layout, MixLayout)):
-            if value not in (*allowed.__args__, *((None,) if option == "mix_with" else ())):
-                raise SentEmbUserError(f"model.init_args.{option} must be one of {', '.join(allowed.__args__)}, "
-                                       f"got {value!r}")
+        check_choice("model.init_args.mix_with", mix_with, MixWith, allow_none=True)
+        check_choice("model.init_args.mix_layout", mix_layout, MixLayout)
         if not 0 <= mix_lambda <= 1 or num_mixed < 1:
             raise SentEmbUserError(f"model.init_args: MixCSE takes 0 <= mix_lambda <= 1 and num_mixed >= 1; got "
                                    f"mix_lambda {mix_lambda}, num_mixed {num_mixed}")

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from ..encoders.plain import Encoder
-from ..errors import SentEmbUserError
+from ..errors import SentEmbUserError, check_choice
 from ..losses.mlm import PredictedTokens, mask_tokens, token_prediction_loss
 from .base import Pooler, SentEmbMethod
 from .collator import Collator
@@ -88,8 +88,7 @@ class MNTP(SentEmbMethod):
             raise SentEmbUserError(f"model.init_args.mlp: MNTP trains no projection; set none (got {mlp!r})")
         if not 0 < mask_probability < 1:
             raise SentEmbUserError(f"model.init_args.mask_probability must be in (0, 1), got {mask_probability}")
-        if mask_replace not in MaskReplace.__args__:
-            raise SentEmbUserError(f"model.init_args.mask_replace must be bert or all, got {mask_replace!r}")
+        check_choice("model.init_args.mask_replace", mask_replace, MaskReplace)
         super().__init__(backbone, pooler=pooler, mlp=mlp, bidirectional=bidirectional, **kwargs)
         tokenizer = self.tokenizer
         unknown = (None, tokenizer.unk_token_id)
