@@ -139,7 +139,8 @@ _STORES: list[dist.Store] = []
 
 def _through_store(decision: str, environment: ClusterEnvironment, timeout: timedelta) -> str:
     """Rank 0 writes `decision` into the store the trainer's process group will use; the others read it there
-    and say so; rank 0 then deletes the keys.
+    and say so; rank 0 then deletes the keys and tells each reader, which returns only then (else a rank that
+    asks again at once, as a fast restart does, could read the old decision before its deletion).
 
     The store is the one `torch.distributed.rendezvous` gives the process group on the environment's address and
     port (what `init_process_group` does): under torchrun, a client of the store its elastic agent already serves
@@ -158,7 +159,7 @@ def _through_store(decision: str, environment: ClusterEnvironment, timeout: time
            else f"SLURM job {os.environ.get('SLURM_JOB_ID')} step {os.environ.get('SLURM_STEP_ID')}")
     readers = [f"read-{other}" for other in range(1, size)]
     waited_for = (f"the other ranks to read its decision ({', '.join(readers)})" if rank == 0
-                  else "rank 0's decision")
+                  else "rank 0's decision and its clean-up")
     try:
         store, _, _ = next(dist.rendezvous(f"tcp://{address}:{port}?rank={rank}&world_size={size}", timeout=timeout))
         _STORES.append(store)
@@ -166,11 +167,15 @@ def _through_store(decision: str, environment: ClusterEnvironment, timeout: time
         if rank != 0:
             decision = store.get("decision").decode()
             store.set(f"read-{rank}", "")
+            store.wait([f"cleared-{rank}"])  # rank 0 deleted the decision: a next ask never reads this one
+            store.delete_key(f"cleared-{rank}")
             return decision
         store.set("decision", decision)
         store.wait(readers)
         for key in ("decision", *readers):
             store.delete_key(key)
+        for other in range(1, size):
+            store.set(f"cleared-{other}", "")
         return decision
     except dist.DistError as error:
         raise TimeoutError(f"--ckpt_path last: rank {rank} of {size}, waiting up to {timeout} for {waited_for} "

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,6 +167,21 @@ def test_processes_srun_starts_take_rank_zeros_decision(tmp_path):
     assert [(tmp_path / f"out.{rank}").read_text() for rank in (0, 1)] == ["last 1", "last 1"]
 
 
+class SlowDeletes:
+    """A prefix store whose deletions take 0.3 s each (the window in which a rank that asks again could once read
+    the previous decision)."""
+
+    def __init__(self, prefix_store: type, prefix: str, store: dist.Store) -> None:
+        self.store = prefix_store(prefix, store)
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def delete_key(self, key: str) -> bool:
+        time.sleep(0.3)
+        return self.store.delete_key(key)
+
+
 def restarted_worker(rank: int, port: int, out: str) -> None:
     """Two attempts of one torchrun run against the agent's store (served by the test, as torchrun's agent serves
     it, and outliving the attempts): rank 0 sees no checkpoint in the first and last.ckpt in the second, where
@@ -173,10 +189,12 @@ def restarted_worker(rank: int, port: int, out: str) -> None:
     os.environ.update({"TORCHELASTIC_RUN_ID": "run", "TORCHELASTIC_USE_AGENT_STORE": "True", "RANK": str(rank),
                        "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port)})
-    first = decided_by_rank_zero("none")
+    if rank == 0:  # rank 0 cleans the first attempt's keys up slowly: rank 1 asks again before it is done
+        dist.PrefixStore = partial(SlowDeletes, dist.PrefixStore)
+    first = decided_by_rank_zero("none", timeout=timedelta(seconds=30))
     if rank == 0:
         time.sleep(0.5)  # rank 1 asks first: it must wait for this attempt's answer, not take the first's
-    second = decided_by_rank_zero("last" if rank == 0 else "none")
+    second = decided_by_rank_zero("last" if rank == 0 else "none", timeout=timedelta(seconds=30))
     Path(f"{out}.{rank}").write_text(f"{first} {second}")
 
 
@@ -193,7 +211,8 @@ def test_a_rank_that_waits_in_vain_says_for_what(monkeypatch):
     for key, value in srun_environment(1, free_port()).items():
         monkeypatch.setenv(key, value)
     with pytest.raises(TimeoutError, match=r"--ckpt_path last: rank 1 of 2, waiting up to 0:00:00.300000 for rank "
-                                           r"0's decision through the store at 127.0.0.1:\d+ \(SLURM job 77 step 3\)"):
+                                           r"0's decision and its clean-up through the store at 127.0.0.1:\d+ "
+                                           r"\(SLURM job 77 step 3\)"):
         decided_by_rank_zero("none", timeout=timedelta(seconds=0.3))
 
 
