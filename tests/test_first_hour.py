@@ -103,10 +103,10 @@ def test_missing_or_non_model_backbone_folder_is_one_line(sts_fixture, tmp_path,
     assert f"folder {not_a_model} is not a Hugging Face model (no config.json)" in line
 
 
-def test_debug_variable_shows_the_traceback(monkeypatch, tmp_path):
+def test_debug_variable_shows_the_traceback(monkeypatch, sts_fixture, tmp_path):
     monkeypatch.setenv("SENTEMB_DEBUG", "1")
     with pytest.raises(SentEmbUserError, match="does not exist"):
-        main(["evaluate", "--model", str(tmp_path / "absent.ckpt")])
+        main(["evaluate", "--model", str(tmp_path / "absent.ckpt"), "--data-dir", str(sts_fixture)])
 
 
 # ----- data, extras --------------------------------------------------------------------------
@@ -166,11 +166,12 @@ def test_export_into_a_non_empty_folder_is_refused_before_loading(tmp_path, caps
 
 
 @pytest.mark.parametrize("tool", ["evaluate", "export"])
-def test_planted_code_in_a_checkpoint_does_not_run(tool, tmp_path, capsys):
+def test_planted_code_in_a_checkpoint_does_not_run(tool, sts_fixture, tmp_path, capsys):
     marker = tmp_path / "marker"
     checkpoint = tmp_path / "downloaded.ckpt"
     torch.save({"state_dict": {}, "hyper_parameters": {"payload": PlantedCode(marker)}}, checkpoint)
-    args = ["--model", str(checkpoint)] if tool == "evaluate" else [str(checkpoint), str(tmp_path / "out")]
+    args = (["--model", str(checkpoint), "--data-dir", str(sts_fixture)] if tool == "evaluate"
+            else [str(checkpoint), str(tmp_path / "out")])
     line = error_line(capsys, tool, *args)
     assert not marker.exists()
     assert str(checkpoint) in line and "--trust-checkpoint" in line
@@ -178,14 +179,14 @@ def test_planted_code_in_a_checkpoint_does_not_run(tool, tmp_path, capsys):
     assert marker.exists()
 
 
-def test_truncated_or_random_checkpoint_is_one_line_naming_the_file(tmp_path, capsys):
+def test_truncated_or_random_checkpoint_is_one_line_naming_the_file(sts_fixture, tmp_path, capsys):
     whole = tmp_path / "whole.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1000)}}, whole)
     truncated, random_bytes = tmp_path / "truncated.ckpt", tmp_path / "random.ckpt"
     truncated.write_bytes(whole.read_bytes()[:2000])
     random_bytes.write_bytes(bytes(range(256)) * 8)
     for broken in (truncated, random_bytes):
-        line = error_line(capsys, "evaluate", "--model", str(broken))
+        line = error_line(capsys, "evaluate", "--model", str(broken), "--data-dir", str(sts_fixture))
         assert f"checkpoint {broken} is not a readable PyTorch checkpoint" in line
 
 
