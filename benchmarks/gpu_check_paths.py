@@ -37,6 +37,7 @@ from lightning_sentemb.methods import (
     ClusterNSPrompt,
     ConPVP,
     ConSERT,
+    ConSERTJoint,
     ESimCSE,
     MixCSE,
     PromptBERT,
@@ -97,6 +98,9 @@ PATHS = [
     TrainingPath("SNCSE: negations, bidirectional margin loss", SNCSE, {"mlp": "train"}),
     TrainingPath("SCPCSE (input-layer prompt, frozen backbone)", SCPCSE, {"mlp": "train"}),
     TrainingPath("SBERT: NLI classification", SBERT, {}, batch="pairs"),
+    # the classifier beside NT-Xent within the premises and within the hypotheses (token cutoff), on cached rows
+    TrainingPath("ConSERTJoint (supervised ConSERT): NLI classification + contrastive, gradient caching",
+                 ConSERTJoint, {"grad_cache_chunk": From("chunk")}, batch="pairs"),
     # one host read at the first step (a constant pooled dimension stops the fit), none after
     TrainingPath("BERT-flow (flow on the frozen backbone)", BERTFlow, {"flow_levels": 2, "flow_depth": 2}),
 ]

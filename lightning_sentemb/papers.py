@@ -151,8 +151,7 @@ PAPERS: dict[str, PaperRow] = {
         ),
         _seed("consert_sup", "supervised ConSERT-BERT-base", "bert-base-uncased",
               "74.07 83.93 77.05 83.66 78.76 81.36 76.77 79.37", f"{DCPCSE_T1} (§: from Yan et al., 2021)", QUOTED,
-              DCPCSE, missing="ConSERT's joint NLI stage (SBERT's classifier beside its contrastive loss, then "
-              "consert.yaml from that model) is not built"),
+              DCPCSE, configs=("consert_sup_unsup",)),  # from consert_sup.yaml's export: see both configs
         _seed("simcse", "unsup-SimCSE-BERT-base", "bert-base-uncased",
               "68.40 82.41 74.38 80.91 78.56 76.85 72.23 76.25",
               f"Gao et al. (2021), as {DCPCSE_T1} (‡), {CONPVP_T3} and {CLUSTERNS_T1} print it; {SIMCSE_README}",

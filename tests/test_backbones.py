@@ -61,8 +61,9 @@ METHODS = {
 # SNCSE (PromptBERT's encoder), SCPCSE (ConPVP's prompt vectors, at a template's own tokens, on a frozen
 # backbone) and SBERT (SimCSE's plain encoder) trained once on every family (docs/backbones.md); the suite
 # keeps SCPCSE's continuous template under a byte-level BPE and a decoder's last-token readout (all three
-# train on BERT in their own tests).
-NEWER_METHODS = {"SCPCSE": lambda path: build_method(methods.SCPCSE, path)}
+# train on BERT in their own tests), and ConSERTJoint's classifier beside its views there.
+NEWER_METHODS = {"SCPCSE": lambda path: build_method(methods.SCPCSE, path),
+                 "ConSERTJoint": lambda path: build_method(methods.ConSERTJoint, path)}  # token cutoff: any family
 BACKBONES = ["tiny_bert", "tiny_roberta", "tiny_modernbert", "tiny_distilbert", "tiny_electra", "tiny_llama",
              "tiny_qwen2", "tiny_opt", "tiny_gemma2", "tiny_gpt2", "tiny_phi3"]
 ENCODERS = ["tiny_modernbert", "tiny_distilbert", "tiny_electra"]

@@ -16,6 +16,7 @@ from safetensors import safe_open
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_sentemb import methods
 from lightning_sentemb.encoders.lora import has_lora
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.export import export
@@ -47,6 +48,7 @@ METHODS = {
     "consert_adversarial_bert": ("tiny_bert", lambda b, **k: build_method(
         ConSERT, b, augmentations=["feature_cutoff", "adversarial"], mlp="train", **k)),
     "esimcse_bert": ("tiny_bert", lambda b, **k: build_method(ESimCSE, b, **k)),  # the adapters' momentum copy
+    "consert_joint_bert": ("tiny_bert", lambda b, **k: build_method(methods.ConSERTJoint, b, **k)),  # the classifier
     "mixcse_bert": ("tiny_bert", lambda b, **k: build_method(MixCSE, b, **k)),
 }
 

@@ -5,6 +5,7 @@ from .building import build_method
 from .clusterns import ClusterNS, ClusterNSPrefix, ClusterNSPrompt
 from .conpvp import ConPVP
 from .consert import ConSERT
+from .consert_joint import ConSERTJoint
 from .dclr import DCLR
 from .dcpcse import DCPCSE
 from .esimcse import ESimCSE
@@ -19,6 +20,6 @@ from .sncse import SNCSE
 
 __all__ = [
     "DCLR", "DCPCSE", "MNTP", "SBERT", "SCPCSE", "SNCSE", "BERTFlow", "ClusterNS", "ClusterNSPrefix",
-    "ClusterNSPrompt", "ConPVP", "ConSERT", "ESimCSE", "MixCSE", "PromptBERT", "SentEmbMethod", "SimCSE",
-    "build_method",
+    "ClusterNSPrompt", "ConPVP", "ConSERT", "ConSERTJoint", "ESimCSE", "MixCSE", "PromptBERT", "SentEmbMethod",
+    "SimCSE", "build_method",
 ]

@@ -57,7 +57,10 @@ class ConSERTViews(Collator):
     """The sentence twice, each copy with its view's augmentation drawn here (the module docstring)."""
 
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        sentences = [example["sent0"] for example in examples]
+        return self.views([example["sent0"] for example in examples])
+
+    def views(self, sentences: list[list[int]]) -> dict[str, Any]:
+        """The batch of both views of `sentences` (token ids without special tokens)."""
         rows = [self.format.wrap(ids, None) for ids in sentences]
         drawn = [self.draw(augmentation, row) for augmentation in self.hparams.augmentations for row in rows]
         features = pad_rows([row for row, _ in drawn], self.format.pad_id)
@@ -192,10 +195,13 @@ class ConSERT(SentEmbMethod):
         self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         view_a, view_b = embeddings.unflatten(0, (2, -1))
+        return self.hparams.loss_weight * self.contrastive_loss(view_a, view_b, drop), {}
+
+    def contrastive_loss(self, view_a: Tensor, view_b: Tensor, drop: Tensor | None = None) -> Tensor:
+        """NT-Xent between this process's rows of the two views, negatives from the global batch."""
         labels = local_labels(view_a.size(0), view_a.device)
-        loss = nt_xent(view_a, view_b, gather_with_grad(view_a), gather_with_grad(view_b), labels,
+        return nt_xent(view_a, view_b, gather_with_grad(view_a), gather_with_grad(view_b), labels,
                        self.hparams.temperature, drop)
-        return self.hparams.loss_weight * loss, {}
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """One forward of both views; with an adversarial view, three (`adversarial_loss`)."""

@@ -27,6 +27,16 @@ from .collator import Collator
 __all__ = ["SBERT"]
 
 
+def premises_then_hypotheses(examples: list[dict[str, Any]]) -> list[list[int]]:
+    """The pairs' sentences as the classifier's batch holds them: the premises, then the hypotheses."""
+    return [example["premise"] for example in examples] + [example["hypothesis"] for example in examples]
+
+
+def pair_labels(examples: list[dict[str, Any]]) -> torch.Tensor:
+    """The pairs' labels (indices of `NLI_LABELS`)."""
+    return torch.tensor([example["label"] for example in examples], dtype=torch.long)
+
+
 class SBERTViews(Collator):
     """The premises, then the hypotheses, and the pairs' labels."""
 
@@ -35,9 +45,8 @@ class SBERTViews(Collator):
                    "(`sentemb data download --what allnli`; docs/data.md)")
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        rows = [example["premise"] for example in examples] + [example["hypothesis"] for example in examples]
-        batch = {"features": self.format.build(rows, max_length=None), "num_views": 2,
-                 "labels": torch.tensor([example["label"] for example in examples], dtype=torch.long)}
+        batch = {"features": self.format.build(premises_then_hypotheses(examples), max_length=None), "num_views": 2,
+                 "labels": pair_labels(examples)}
         return self.add_mlm_inputs(batch)
 
 
@@ -50,6 +59,8 @@ class SBERT(SentEmbMethod):
         lr: default 2e-5, the paper's.
         concatenation_sent_rep, concatenation_sent_difference, concatenation_sent_multiplication: what the
             classifier reads, (u, v), |u - v| and u * v (paper: the first two; Table 6 ablates them).
+        concatenation_sent_max_square: max(u, v)² too (off; ConSERT's re-implementation of SBERT, its
+            scripts/sup-sbert-base.sh, turns it on).
         **kwargs: see `SentEmbMethod` (`temperature` is unused).
     """
 
@@ -57,15 +68,24 @@ class SBERT(SentEmbMethod):
 
     def __init__(self, backbone: str, pooler: Pooler | None = "avg", mlp: MlpMode = "none", lr: float = 2e-5,
                  concatenation_sent_rep: bool = True, concatenation_sent_difference: bool = True,
-                 concatenation_sent_multiplication: bool = False, **kwargs: Any) -> None:
-        for option, why in (("guide", "its classification loss has no in-batch negatives to filter"),
-                            ("matryoshka_dims", "its classifier reads the embedding at full size")):
-            if kwargs.get(option):
-                raise SentEmbUserError(f"model.init_args.{option}: not for SBERT, {why}; remove it")
+                 concatenation_sent_multiplication: bool = False, concatenation_sent_max_square: bool = False,
+                 **kwargs: Any) -> None:
+        refuse_options(type(self).__name__, kwargs, guide="its classification loss has no in-batch negatives to "
+                       "filter")
         super().__init__(backbone, pooler=pooler, mlp=mlp, lr=lr, **kwargs)
         self.loss_fn = NLISoftmaxLoss(self.output_size, len(NLI_LABELS), concatenation_sent_rep,
-                                      concatenation_sent_difference, concatenation_sent_multiplication)
+                                      concatenation_sent_difference, concatenation_sent_multiplication,
+                                      concatenation_sent_max_square)
 
     def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         premises, hypotheses = embeddings.unflatten(0, (2, -1))
         return self.loss_fn(premises, hypotheses, batch["labels"])
+
+
+def refuse_options(method: str, kwargs: dict[str, Any], **why_not: str) -> None:
+    """One line for a shared option a classifier over pairs cannot apply: Matryoshka (the classifier reads
+    the embedding at full size), and each of `why_not`'s, option -> why."""
+    reasons = {**why_not, "matryoshka_dims": "its classifier reads the embedding at full size"}
+    for option, why in reasons.items():
+        if kwargs.get(option):
+            raise SentEmbUserError(f"model.init_args.{option}: not for {method}, {why}; remove it")
