@@ -71,6 +71,8 @@ class PaperRow:
     missing: str | None = None
     system: str | None = None
     disagreeing_copies: tuple[str, ...] = ()
+    # an earlier stage the config starts from (its run and export), run once before the config's seeds
+    first_stage: str | None = None
 
     @property
     def best_of_seeds(self) -> bool:
@@ -85,7 +87,8 @@ class PaperRow:
     @property
     def how_to_reproduce(self) -> str:
         if self.configs:
-            return f"sentemb reproduce --method {self.configs[0]} --seeds {self.seeds}"
+            run = f"sentemb reproduce --method {self.configs[0]} --seeds {self.seeds}"
+            return f"{self.first_stage} && {run}" if self.first_stage else run
         return self.command or f"not implemented ({self.missing})"
 
 
@@ -114,6 +117,9 @@ FIT_DATA = ("the seed tables do not say which data the whitening/flow was fitted
             "report the NLI sentences and the target task's): nli here, task (or a file of the target "
             "sentences) the other")
 SBERT_EXPORT = "sentemb export out/reproduce/sbert_sup/seed-0/checkpoints/best.ckpt out/export/sbert"
+SBERT_STAGE = f"sentemb reproduce --method sbert_sup --seeds 1 && {SBERT_EXPORT}"
+CONSERT_JOINT_STAGE = ("sentemb reproduce --method consert_sup --seeds 1 && sentemb export "
+                       "out/reproduce/consert_sup/seed-0/checkpoints/best.ckpt out/export/consert_sup")
 
 
 def _seed(name: str, model: str, backbone: str, values: str, source: str, statistic: str, file: str,
@@ -151,7 +157,7 @@ PAPERS: dict[str, PaperRow] = {
         ),
         _seed("consert_sup", "supervised ConSERT-BERT-base", "bert-base-uncased",
               "74.07 83.93 77.05 83.66 78.76 81.36 76.77 79.37", f"{DCPCSE_T1} (§: from Yan et al., 2021)", QUOTED,
-              DCPCSE, configs=("consert_sup_unsup",)),  # from consert_sup.yaml's export: see both configs
+              DCPCSE, configs=("consert_sup_unsup",), first_stage=CONSERT_JOINT_STAGE),
         _seed("simcse", "unsup-SimCSE-BERT-base", "bert-base-uncased",
               "68.40 82.41 74.38 80.91 78.56 76.85 72.23 76.25",
               f"Gao et al. (2021), as {DCPCSE_T1} (‡), {CONPVP_T3} and {CLUSTERNS_T1} print it; {SIMCSE_README}",
@@ -294,10 +300,10 @@ PAPERS: dict[str, PaperRow] = {
         _seed("sbert", "SBERT-base", "bert-base-uncased", "70.97 76.53 73.19 79.09 74.30 77.03 72.91 74.89",
               f"{DCPCSE_T1} (†: Reimers & Gurevych, 2019b)", QUOTED, DCPCSE, configs=("sbert_sup",)),
         _seed("sbert_flow", "SBERT-base-flow", "bert-base-uncased", "69.78 77.27 74.35 82.01 77.46 79.12 76.21 76.60",
-              f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE, configs=("flow_sbert",)),
+              f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE, configs=("flow_sbert",), first_stage=SBERT_STAGE),
         _seed("sbert_whitening", "SBERT-base-whitening", "bert-base-uncased",
               "69.65 77.57 74.66 82.27 78.39 79.52 76.91 77.00", f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE,
-              command=f"{SBERT_EXPORT} && sentemb evaluate --model out/export/sbert --pooler avg --whiten nli"),
+              command=f"{SBERT_STAGE} && sentemb evaluate --model out/export/sbert --pooler avg --whiten nli"),
         _seed("simcse_sup", "sup-SimCSE-BERT-base", "bert-base-uncased",
               "75.30 84.67 80.19 85.40 80.82 84.25 80.39 81.57",
               f"Gao et al. (2021), as {DCPCSE_T1} (‡) prints it; {SIMCSE_README}",
