@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 
 TOLERANCE = 3e-2  # bf16 keeps 8 significant bits: a few times its unit roundoff
+DRAWS, SMOKE_DRAWS = 256, 2  # the mean of draws of aligned and nested (gpu_kernels)
+RESCALE_DRAWS, SMOKE_RESCALE_DRAWS = 32, 8  # forward draws on values of 1
 
 
 def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpu_attention import DRAWS, RESCALE_DRAWS, SMOKE_DRAWS, SMOKE_RESCALE_DRAWS, TOLERANCE
 from gpu_check_equivalence import TOLERANCES
 
 TITLES = {
@@ -28,14 +29,15 @@ DESCRIPTIONS = {
     "kernels": "Each packed-attention kernel forced on bf16 packed rows of 1 to 128 tokens (the smoke run: 1 to 16), "
                "forward and backward (a fixed random cotangent), against fp32 attention sentence by sentence: "
                "relative error of the output and of the largest of the query / key / value (/ prefix) gradients, "
-               "tolerance 3e-2. With attention dropout 0.1: one draw must differ from the reference and the same "
-               "seed must draw the same output. `varlen` (aten's flash op): its call replayed with "
+               f"tolerance {TOLERANCE:g}. With attention dropout 0.1: one draw must differ from the reference and the "
+               "same seed must draw the same output. `varlen` (aten's flash op): its call replayed with "
                "`return_debug_mask=True` gives the mask it drew; output and gradients against the reference under "
-               "that mask and the 1/(1-p) rescale, tolerance 3e-2, the replay's output the kernel's, the "
+               f"that mask and the 1/(1-p) rescale, tolerance {TOLERANCE:g}, the replay's output the kernel's, the "
                "`dropped share` p within 5 standard deviations. `aligned` and `nested` cannot return their mask: "
-               "`mean output on values 1` over 32 draws (the smoke run: 8) must be 1 within `its tolerance` "
-               "(without the rescale it is 1 - p), and the mean of 256 draws (8) the reference within 3e-2 plus "
-               "three times its noise. In the smoke run varlen's dropout rows use a CPU stand-in of the flash op "
+               f"`mean output on values 1` over {RESCALE_DRAWS} draws (the smoke run: {SMOKE_RESCALE_DRAWS}) must be 1 "
+               f"within `its tolerance` (without the rescale it is 1 - p), and the mean of {DRAWS} draws "
+               f"({SMOKE_DRAWS}) the reference within {TOLERANCE:g} plus three times its noise. In the smoke run "
+               "varlen's dropout rows use a CPU stand-in of the flash op "
                "(they check the comparison, not a kernel). A kernel this device or torch cannot run is skipped "
                "with the reason.",
     "equivalence": "Loss and gradient of one batch, dropout 0, the fast path against the plain one "

@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gpu_attention import TOLERANCE, reference, relative_error, sentence_probabilities
+from gpu_attention import (
+    DRAWS,
+    RESCALE_DRAWS,
+    SMOKE_DRAWS,
+    SMOKE_RESCALE_DRAWS,
+    TOLERANCE,
+    reference,
+    relative_error,
+    sentence_probabilities,
+)
 from gpu_dropout import against_own_mask, flash_stand_in, recorded_flash_calls, rescale_tolerance
 
 from lightning_sentemb.encoders.kernels import (
@@ -37,8 +46,6 @@ from lightning_sentemb.encoders.kernels import (
 )
 from lightning_sentemb.encoders.layout import TokenLayout
 
-DRAWS, SMOKE_DRAWS = 256, 2  # the mean of draws of aligned and nested
-RESCALE_DRAWS, SMOKE_RESCALE_DRAWS = 32, 8  # forward draws on values of 1
 DROPPED = 2e-2
 # name: (query heads, key/value heads, causal, sliding window, prefix length, attention dropout)
 CASES: dict[str, tuple[int, int, bool, int | None, int, float]] = {

@@ -104,8 +104,9 @@ def export(options: argparse.Namespace) -> None:
     facts = run_facts(options.checkpoint, options.trust_checkpoint) if options.checkpoint.endswith(".ckpt") else None
     whitening = None
     if sentences is not None:
-        from .evaluation.whitening import fit_whitening
+        from .evaluation.whitening import check_whiten_dim, fit_whitening
 
+        check_whiten_dim(options.whiten_dim, method.output_size)  # before minutes of encoding
         embeddings = method.encode(sentences, label=f"whitening: {len(sentences):,} sentences")
         whitening = options.whiten, fit_whitening(embeddings, options.whiten_dim, options.whiten)
     folder = write_export(method, options.out_dir, facts, results, adapter_only=options.adapter_only,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .data.senteval import STS_TASKS
+from .data.senteval import SHORT_NAMES, STS_TASKS
 
 TASKS = (*STS_TASKS, "avg")
 # The spread assumed where a source gives none: the seed-to-seed std of the STS average that the
@@ -368,8 +368,7 @@ def spread_of(row: PaperRow) -> tuple[float, str]:
 def format_papers() -> str:
     """Markdown: every published row with how it is reproduced (its configs, a command, or not
     implemented), then its source."""
-    short = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
-    lines = ["| name | " + " | ".join(short.get(t, t) for t in TASKS) + " | statistic | configs | reproduce |",
+    lines = ["| name | " + " | ".join(SHORT_NAMES.get(t, t) for t in TASKS) + " | statistic | configs | reproduce |",
              "|" + "---|" * (len(TASKS) + 4)]
     for row in PAPERS.values():
         scores = " | ".join(f"{row.scores[t]:.2f}" + (f" ± {row.std[t]:.2f}" if row.std else "") for t in TASKS)

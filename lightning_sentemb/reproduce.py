@@ -32,10 +32,12 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from .atomic_io import atomic_write_json, atomic_write_text
 from .console import disk_usage_line
+from .data.senteval import SHORT_NAMES
 from .errors import SentEmbUserError
-from .evaluation.sts import SHORT_NAMES, format_table
+from .evaluation.sts import format_table
 from .lightning_cli import keep_best_only, lightning_main
 from .papers import PAPERS, TASKS, PaperRow, paper_for_config, spread_of
+from .seed_tables import RUNS
 
 EXPERIMENTS = Path("experiments")
 # MTEB's names of SentEval's seven STS tasks, in the papers' order (`papers.TASKS`)
@@ -240,6 +242,6 @@ def reproduce_command(options: argparse.Namespace, overrides: list[str]) -> None
     paper = paper_row(options.paper, files)  # a wrong --paper fails before the first fit
     tasks = mteb_sts_tasks() if options.mteb_sts else None  # so does missing MTEB data
     name = options.method or Path(files[0]).stem
-    root = Path(options.root or Path("out") / "reproduce" / name)
+    root = Path(options.root or RUNS / name)
     results, mteb_results = run_seeds(files, options.seeds, root, overrides, tasks)
     report(name, results, root, paper, mteb_results)

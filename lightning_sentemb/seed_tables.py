@@ -15,10 +15,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .data.senteval import SHORT_NAMES
 from .papers import PAPERS, TASKS, PaperRow
 
 RUNS = Path("out") / "reproduce"
-SHORT = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def format_seed_table(name: str, runs: Path = RUNS) -> str:
     """Markdown: the table's rows in the paper's order, ours (or how to get them) beside, then each row's
     source and statistic, and what garbled copies of the seed text print otherwise."""
     table = TABLES[name]
-    header = ("| Model | " + " | ".join(SHORT.get(t, t) for t in TASKS)
+    header = ("| Model | " + " | ".join(SHORT_NAMES.get(t, t) for t in TASKS)
               + " | ours: Avg. mean ± std, or how to reproduce |")
     lines = [table.title, "", header, "|" + "---|" * (len(TASKS) + 2)]
     notes = []

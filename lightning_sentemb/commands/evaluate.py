@@ -178,24 +178,21 @@ def whitened_variant(label: str, encode: Callable, embedder: Embedder, plan: Sui
     now (their own encoding, not kept), or on each STS task's own (`--whiten task`)."""
     from dataclasses import replace
 
-    from ..evaluation.whitening import fit_whitening, self_whitened, whitened
+    from ..evaluation.whitening import check_whiten_dim, fit_whitening, self_whitened, whitened
     from ..loading import Embedder
 
-    k = options.whiten_dim
-    if k is not None and not 0 < k <= embedder.size:
-        raise SentEmbUserError(f"--whiten-dim {k}: choose 1 to {embedder.size}, the model's embedding size")
-    name = f"{label} whitened ({Path(options.whiten).name}{'' if k is None else f', {k}d'})"
-    marks = {"whitened": {"source": options.whiten, "dim": k or embedder.size}}
+    k = check_whiten_dim(options.whiten_dim, embedder.size)
+    name = f"{label} whitened ({Path(options.whiten).name}{'' if options.whiten_dim is None else f', {k}d'})"
+    marks = {"whitened": {"source": options.whiten, "dim": k}}
     if sentences is None:  # task: each STS task's own sentences, the fewest first checked
         fewest = min(len(set(task.first + task.second)) for task in plan.sts)
-        if fewest <= (k or embedder.size):
-            raise SentEmbUserError(f"--whiten task: a task has {fewest} distinct sentences for {k or embedder.size} "
+        if fewest <= k:
+            raise SentEmbUserError(f"--whiten task: a task has {fewest} distinct sentences for {k} "
                                    "whitened dimensions; whitening needs more sentences than dimensions: set "
                                    f"--whiten-dim below {fewest}, or fit on a corpus (--whiten nli|FILE)")
-        return name, Embedder(self_whitened(encode, k), k or embedder.size), replace(plan, sts_per_task=True), marks
+        return name, Embedder(self_whitened(encode, k), k), replace(plan, sts_per_task=True), marks
     embeddings = embedder.encode(sentences, label=f"{label} · whitening: {len(sentences):,} sentences")
-    whitening = fit_whitening(embeddings, k, options.whiten)
-    return name, Embedder(whitened(encode, whitening), whitening.kernel.shape[1]), plan, marks
+    return name, Embedder(whitened(encode, fit_whitening(embeddings, k, options.whiten)), k), plan, marks
 
 
 def mteb_plan(spec: str | None) -> list:

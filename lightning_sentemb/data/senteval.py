@@ -22,6 +22,8 @@ STS_SUBSETS: dict[str, tuple[str, ...]] = {
     "STS16": ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
 }
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+# the papers' column names of the tasks whose names differ (and of the average)
+SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
 DEV_TASKS = ("STSBenchmark-dev", "SICKRelatedness-dev")
 
 
@@ -39,7 +41,8 @@ class StsTask:
         return len(self.gold)
 
 
-def _normalize(sentence: str) -> str:
+def normalize_sentence(sentence: str) -> str:
+    """Whitespace runs collapsed to one space, ends stripped (SentEval's readers, and ConSERT's corpus)."""
     return " ".join(sentence.split())
 
 
@@ -61,8 +64,8 @@ def read_sts_year(directory: str | os.PathLike, name: str) -> StsTask:
             if score.strip() == "":
                 continue
             a, b = line.split("\t")[:2]
-            first.append(_normalize(a))
-            second.append(_normalize(b))
+            first.append(normalize_sentence(a))
+            second.append(normalize_sentence(b))
             gold.append(float(score))
             subsets.append(subset)
     return StsTask(name, first, second, np.asarray(gold, dtype=np.float64), subsets)
@@ -80,8 +83,8 @@ def read_stsb(path: str | os.PathLike, name: str = "STSBenchmark") -> StsTask:
         if len(columns) < 7:
             raise ValueError(f"{path}: expected at least 7 tab-separated columns, got {len(columns)}: {line[:80]!r}")
         gold.append(float(columns[4]))
-        first.append(_normalize(columns[5]))
-        second.append(_normalize(columns[6]))
+        first.append(normalize_sentence(columns[5]))
+        second.append(normalize_sentence(columns[6]))
     return StsTask(name, first, second, np.asarray(gold, dtype=np.float64), [name] * len(gold))
 
 
@@ -97,8 +100,8 @@ def read_sick(path: str | os.PathLike, name: str = "SICKRelatedness") -> StsTask
         if not line.strip():
             continue
         columns = line.strip().split("\t")
-        first.append(_normalize(columns[1]))
-        second.append(_normalize(columns[2]))
+        first.append(normalize_sentence(columns[1]))
+        second.append(normalize_sentence(columns[2]))
         gold.append(float(columns[3]))
     return StsTask(name, first, second, np.asarray(gold, dtype=np.float64), [name] * len(gold))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..atomic_io import atomic_write_text
 from .paths import default_cache_dir, require_file
-from .senteval import STS_SUBSETS
+from .senteval import STS_SUBSETS, normalize_sentence
 
 STS_CORPUS = "senteval:sts"
 
@@ -40,7 +40,7 @@ def unlabeled_sts_sentences(data_dir: Path) -> Iterator[str]:
         for line in lines[header:]:
             fields = line.strip().split("\t")
             if line.strip():
-                yield from (" ".join(fields[c].split()) for c in columns if c < len(fields))
+                yield from (normalize_sentence(fields[c]) for c in columns if c < len(fields))
 
 
 def sts_corpus_file(data_dir: Path, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -54,7 +54,7 @@ def keep_mask(features: dict[str, Tensor]) -> Tensor | None:
     return keep
 
 
-def to_layout(padded: Tensor, layout: TokenLayout, packed: bool) -> Tensor:
+def to_layout(padded: Tensor, layout: TokenLayout | None, packed: bool) -> Tensor:
     """A (rows, width or 1, embedding width or 1) tensor in the forward's layout: itself, or its real tokens
     as one packed row (1, tokens, embedding width)."""
     if not packed:
@@ -106,7 +106,8 @@ class AugmentedEncoder(Encoder):
         if keep is None and replacement is None and record is None:
             yield
             return
-        layout, packed = layout_of(features), self.padding_free
+        packed = self.padding_free
+        layout = layout_of(features) if packed else None  # a padded forward reads no layout
 
         def edit(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
             if replacement is not None:

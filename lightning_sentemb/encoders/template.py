@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..backbones import UnsupportedBackbone
 from ..backbones.family import TemplateReadout
@@ -235,13 +235,11 @@ class TemplateEncoder(Encoder):
 
     def __init__(self, backbone: str, templates: Sequence[str], prompt_init: PromptInit = "uniform",
                  continuous: bool = False, freeze_backbone: bool = False) -> None:
+        self.freeze_backbone = freeze_backbone  # read by `set_backbone`, which the parent's __init__ calls
         super().__init__(backbone, pooler="mask")
         refusal = self.family.template_refusal(self.tokenizer)
         if refusal is not None:
             raise UnsupportedBackbone(refusal)
-        self.freeze_backbone = freeze_backbone
-        if freeze_backbone:
-            self.backbone.requires_grad_(False)
         self.format = TemplateFormat(self.tokenizer, templates, self.family.first_position(),
                                      self.family.template_readout, continuous)
         self.prompt: nn.Parameter | None = None
@@ -259,10 +257,12 @@ class TemplateEncoder(Encoder):
             if not self.weights_deferred:
                 self.init_continuous_prompt()
 
+    def set_backbone(self, model: PreTrainedModel) -> None:
+        """The backbone, frozen where asked (the skeleton and the loaded weights alike)."""
+        super().set_backbone(model.requires_grad_(False) if self.freeze_backbone else model)
+
     def load_backbone(self, **options: Any) -> None:
         super().load_backbone(**options)
-        if self.freeze_backbone:
-            self.backbone.requires_grad_(False)
         self.init_continuous_prompt()
 
     @torch.no_grad()

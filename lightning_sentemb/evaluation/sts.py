@@ -10,7 +10,7 @@ from scipy.stats import spearmanr
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
-from ..data.senteval import StsTask
+from ..data.senteval import SHORT_NAMES, StsTask
 
 
 def spearman(pred: np.ndarray, gold: np.ndarray) -> float:
@@ -58,10 +58,6 @@ def evaluate_sts(
             scores[task.name] = sts_correlations(pair_cosines(first, second), task.gold, task.subsets)[aggregation]
     scores["avg"] = float(np.mean(list(scores.values())))
     return scores
-
-
-# the papers' column names of the tasks whose names differ
-SHORT_NAMES = {"STSBenchmark": "STS-B", "SICKRelatedness": "SICK-R", "avg": "Avg."}
 
 
 def format_table(rows: dict[str, dict[str, float]]) -> str:

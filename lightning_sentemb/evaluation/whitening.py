@@ -14,19 +14,19 @@ NLI csv).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..data.corpus import CorpusReader, nli_columns
+from ..data.corpus import CorpusReader, corpus_columns
 from ..data.paths import require_file, resolve_data_dir
 from ..errors import SentEmbUserError
+from ..matryoshka import Encode
 
 NLI_CORPUS = "corpora/nli_for_simcse.csv"
-Encode = Callable[..., Tensor]
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,19 @@ class Whitening:
         return ((embeddings.double() - self.mean) @ self.kernel).float()
 
 
+def check_whiten_dim(dim: int | None, size: int) -> int:
+    """The whitened size k (`dim`, or the model's `size`), refused in one line outside 1..size: checked
+    before any sentence is encoded."""
+    k = size if dim is None else dim
+    if not 0 < k <= size:
+        raise SentEmbUserError(f"--whiten-dim {k}: choose 1 to {size}, the model's embedding size")
+    return k
+
+
 def fit_whitening(embeddings: Tensor, dim: int | None = None, source: str = "the sentences") -> Whitening:
     """μ and W[:, :k] of `embeddings` (n, d), k = `dim` or d; `source` names them in the errors."""
     n, d = embeddings.shape
-    k = d if dim is None else dim
-    if not 0 < k <= d:
-        raise SentEmbUserError(f"--whiten-dim {k}: choose 1 to {d}, the model's embedding size")
+    k = check_whiten_dim(dim, d)
     if n <= k:
         raise SentEmbUserError(f"--whiten {source}: {n} sentence(s) for {k} whitened dimensions; the covariance of n "
                                f"centred sentences has rank n − 1 at most, so whitening needs more than {k} (more "
@@ -92,8 +99,10 @@ def source_sentences(source: str, data_dir: str | os.PathLike | None = None) -> 
     else:
         path = Path(source)
     sentences: dict[str, None] = {}
+    columns = None
     for chunk in CorpusReader(path):
-        columns = nli_columns(chunk, str(path)) if "sent1" in chunk else ["sent0"]
+        if columns is None:  # every text column of the file's layout (`data.corpus.corpus_columns`)
+            columns = [column for column in corpus_columns(chunk, str(path)) if column != "label"]
         sentences.update(dict.fromkeys(s for column in columns for s in chunk[column]))
     if not sentences:
         raise SentEmbUserError(f"--whiten {source}: {path} holds no sentences")

@@ -23,7 +23,6 @@ from ..encoders.lora import LoraSettings
 from ..encoders.memory import BackboneDtype
 from ..encoders.plain import POOLERS, Encoder
 from ..encoders.pretrained import load_config
-from ..precision import autocast_for
 from . import checkpoint_state, encoding, steps, validation
 from .building import (
     AttnImplementation,
@@ -37,7 +36,7 @@ from .checkpoint_state import backbone_identity, unpacked_numel
 from .collator import Collator
 from .guide import Guide, GuideOption
 
-__all__ = ["SentEmbMethod", "autocast_for", "backbone_identity", "build_method", "unpacked_numel"]
+__all__ = ["SentEmbMethod", "backbone_identity", "build_method", "unpacked_numel"]
 
 MlpMode = Literal["none", "train", "always"]
 Pooler = Literal[POOLERS]  # the values of POOLERS: the CLI refuses any other with the list

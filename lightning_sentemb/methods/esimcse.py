@@ -165,9 +165,6 @@ class ESimCSE(SentEmbMethod):
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """InfoNCE of each anchor against the global batch's positives and the queue's filled rows (the paper's
         loss)."""
-        if batch["num_views"] != 2:
-            raise SentEmbUserError(f"ESimCSE is unsupervised (a sentence and its repetition); got {batch['num_views']} "
-                                   "views: train on a one-sentence-a-line corpus")
         anchors, positives = embeddings.unflatten(0, (2, -1))
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
@@ -204,7 +201,7 @@ class ESimCSE(SentEmbMethod):
         chunk = self.hparams.grad_cache_chunk or local_batch
         keys = torch.cat([self.momentum_encoder(self.encoder, rows_of(anchors, span, combine))
                           for span in chunk_spans(local_batch, chunk)])
-        keys = self.mlp(keys) if self.mlp is not None else keys
+        keys = self.project(keys)
         # the global batch's keys in its examples' order, as one process pushes them: rank r holds every
         # world-size-th example from r (`data.datamodule.ResumableBatchSampler`)
         size = world()[1]
