@@ -230,8 +230,7 @@ def reproduce_parser() -> ArgumentParser:
 
 def reproduce(options: argparse.Namespace, fit_args: list[str]) -> None:
     if options.table or options.list_papers:  # printed from the rows alone: no torch, under a second
-        from .papers import format_papers
-        from .seed_tables import format_seed_table
+        from .seed_tables import format_papers, format_seed_table
 
         print(format_seed_table(options.table, Path(options.runs)) if options.table else format_papers())
         return

@@ -11,10 +11,11 @@ PromptEOL rows (OPT, LLaMA) are there for `sentemb reproduce --paper NAME`.
 
 `statistic` says what the number is: the best of N seeds, a mean over N seeds (with its std where
 the source gives one), one run, or unstated. `spread` is the ± the source gives for the average, or
-None; `sentemb reproduce` then uses `DEFAULT_SPREAD` (see `spread_of`). A row is reproduced by its
-`configs` (`sentemb reproduce`), or by a `command` (the raw backbones and whitening: `sentemb
+None; `sentemb reproduce` then uses `DEFAULT_SPREAD` (`seed_tables.spread_of`). A row is reproduced
+by its `configs` (`sentemb reproduce`), or by a `command` (the raw backbones and whitening: `sentemb
 evaluate`), or is `missing` (a system nothing here builds). Where two seed papers print different
-figures for one system, each is a row, the second naming the first as its `system`.
+figures for one system, each is a row, the second naming the first as its `system`; when the same
+configs reproduce both, the second reads the first's runs (`PaperRow.runs_of`): one run, two statistics.
 
 ClusterNS's extracted text repeats rows with different digits (garbled copies): each row here is its
 tab-separated copy, whose average is the mean of its tasks; `disagreeing_copies` lists the other
@@ -24,15 +25,18 @@ averages the garbled copies print after the same task scores (checked against th
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from .data.senteval import SHORT_NAMES, STS_TASKS
+from .data.senteval import STS_TASKS
 
 TASKS = (*STS_TASKS, "avg")
 # The spread assumed where a source gives none: the seed-to-seed std of the STS average that the
 # sources do report for this family of methods lies between 0.15 (PromptBERT README, BERT-base) and
 # 0.88 (ConPVP Table 4, SimCSE RoBERTa-large); half a point sits inside that range.
 DEFAULT_SPREAD = 0.5
+# `sentemb reproduce`'s runs: RUNS/<config>/ by default (`--root`), where `--table` looks for them
+RUNS = Path("out") / "reproduce"
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class PaperRow:
     missing: str | None = None
     system: str | None = None
     disagreeing_copies: tuple[str, ...] = ()
-    # an earlier stage the config starts from (its run and export), run once before the config's seeds
+    # an earlier stage the config starts from (its run and export, `stage_commands`), run once before the seeds
     first_stage: str | None = None
 
     @property
@@ -84,8 +88,23 @@ class PaperRow:
         match = re.match(r"(?:best|mean) of (\d+)", self.statistic)
         return int(match[1]) if match else 5
 
+    def compared_seeds(self, seeds: list[int]) -> list[int]:
+        """The seeds of a run this row is compared with: a best-of-N row's first N (a best of more is not the
+        best of N), all of them for any other row."""
+        return seeds[: self.seeds] if self.best_of_seeds else seeds
+
+    @property
+    def runs_of(self) -> PaperRow:
+        """The row whose `sentemb reproduce` runs this one reads: its system's row when the same configs
+        reproduce both (ConPVP's own best-of-4 runs of SimCSE and PromptBERT-large: one run of the config
+        serves both rows, each with its own statistic), else itself."""
+        system = PAPERS.get(self.system) if self.system else None
+        return system if system is not None and system.configs == self.configs else self
+
     @property
     def how_to_reproduce(self) -> str:
+        if self.runs_of is not self:
+            return self.runs_of.how_to_reproduce
         if self.configs:
             run = f"sentemb reproduce --method {self.configs[0]} --seeds {self.seeds}"
             return f"{self.first_stage} && {run}" if self.first_stage else run
@@ -116,10 +135,21 @@ FIRST_LAST = "sentemb evaluate --model bert-base-uncased --pooler avg_first_last
 FIT_DATA = ("the seed tables do not say which data the whitening/flow was fitted on (Su et al. and Li et al. "
             "report the NLI sentences and the target task's): nli here, task (or a file of the target "
             "sentences) the other")
-SBERT_EXPORT = "sentemb export out/reproduce/sbert_sup/seed-0/checkpoints/best.ckpt out/export/sbert"
-SBERT_STAGE = f"sentemb reproduce --method sbert_sup --seeds 1 && {SBERT_EXPORT}"
-CONSERT_JOINT_STAGE = ("sentemb reproduce --method consert_sup --seeds 1 && sentemb export "
-                       "out/reproduce/consert_sup/seed-0/checkpoints/best.ckpt out/export/consert_sup")
+
+
+def stage_commands(row: str, config: str) -> tuple[str, str]:
+    """(the commands that run `config` once and export its best checkpoint, the export's folder), all in
+    `RUNS/<row>/stage-1-<config>`: never the root of a row's own runs (`RUNS/<config>`, whose
+    `reproduce.json` and checkpoint a 1-seed stage would replace), nor another row's stage."""
+    root = (RUNS / row / f"stage-1-{config}").as_posix()
+    export = f"{root}/export"
+    return (f"sentemb reproduce --method {config} --seeds 1 --root {root} && "
+            f"sentemb export {root}/seed-0/checkpoints/best.ckpt {export}"), export
+
+
+SBERT_FLOW_STAGE, SBERT_FLOW_EXPORT = stage_commands("flow_sbert", "sbert_sup")
+SBERT_WHITENING_STAGE, SBERT_WHITENING_EXPORT = stage_commands("sbert_whitening", "sbert_sup")
+CONSERT_JOINT_STAGE, CONSERT_JOINT_EXPORT = stage_commands("consert_sup_unsup", "consert_sup")
 
 
 def _seed(name: str, model: str, backbone: str, values: str, source: str, statistic: str, file: str,
@@ -300,10 +330,11 @@ PAPERS: dict[str, PaperRow] = {
         _seed("sbert", "SBERT-base", "bert-base-uncased", "70.97 76.53 73.19 79.09 74.30 77.03 72.91 74.89",
               f"{DCPCSE_T1} (†: Reimers & Gurevych, 2019b)", QUOTED, DCPCSE, configs=("sbert_sup",)),
         _seed("sbert_flow", "SBERT-base-flow", "bert-base-uncased", "69.78 77.27 74.35 82.01 77.46 79.12 76.21 76.60",
-              f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE, configs=("flow_sbert",), first_stage=SBERT_STAGE),
+              f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE, configs=("flow_sbert",), first_stage=SBERT_FLOW_STAGE),
         _seed("sbert_whitening", "SBERT-base-whitening", "bert-base-uncased",
               "69.65 77.57 74.66 82.27 78.39 79.52 76.91 77.00", f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE,
-              command=f"{SBERT_STAGE} && sentemb evaluate --model out/export/sbert --pooler avg --whiten nli"),
+              command=f"{SBERT_WHITENING_STAGE} && sentemb evaluate --model {SBERT_WHITENING_EXPORT} --pooler avg "
+                      "--whiten nli"),
         _seed("simcse_sup", "sup-SimCSE-BERT-base", "bert-base-uncased",
               "75.30 84.67 80.19 85.40 80.82 84.25 80.39 81.57",
               f"Gao et al. (2021), as {DCPCSE_T1} (‡) prints it; {SIMCSE_README}",
@@ -351,29 +382,15 @@ PAPERS: dict[str, PaperRow] = {
     )
 }
 
+for _name in ("simcse", "simcse_bert_large", "simcse_roberta_base"):  # ConPVP Table 3's unmarked SimCSE rows: its
+    # own runs (best of 4), though their figures are Gao et al.'s to the digit; one run of `simcse` serves both
+    PAPERS[f"{_name}_conpvp"] = replace(
+        PAPERS[_name], name=f"{_name}_conpvp", model=f"{PAPERS[_name].model} (ConPVP's run)", statistic=CONPVP_RUN,
+        source=f"{CONPVP_T3} (unmarked: its own run; Gao et al.'s figures)", seed_paper_file=CONPVP, system=_name,
+        disagreeing_copies=())
+
 
 def paper_for_config(config: str) -> PaperRow | None:
     """The row a config under `experiments/` reproduces (`config`: its path relative to
     `experiments/`, without `.yaml`), or None."""
     return next((row for row in PAPERS.values() if config in row.configs), None)
-
-
-def spread_of(row: PaperRow) -> tuple[float, str]:
-    """(the ± around the paper's average a reproduction should fall in, what it is)."""
-    if row.spread is not None:
-        return row.spread, "the paper's std of the average"
-    return DEFAULT_SPREAD, f"no std published: {DEFAULT_SPREAD} points (lightning_sentemb.papers.DEFAULT_SPREAD)"
-
-
-def format_papers() -> str:
-    """Markdown: every published row with how it is reproduced (its configs, a command, or not
-    implemented), then its source."""
-    lines = ["| name | " + " | ".join(SHORT_NAMES.get(t, t) for t in TASKS) + " | statistic | configs | reproduce |",
-             "|" + "---|" * (len(TASKS) + 4)]
-    for row in PAPERS.values():
-        scores = " | ".join(f"{row.scores[t]:.2f}" + (f" ± {row.std[t]:.2f}" if row.std else "") for t in TASKS)
-        configs = ", ".join(f"experiments/{c}.yaml" for c in row.configs) or "-"
-        lines.append(f"| {row.name} | {scores} | {row.statistic} | {configs} | `{row.how_to_reproduce}` |")
-    lines.append("")
-    lines.extend(f"- {row.name}: {row.model} ({row.backbone}); {row.source}" for row in PAPERS.values())
-    return "\n".join(lines)

@@ -36,8 +36,8 @@ from .data.senteval import SHORT_NAMES
 from .errors import SentEmbUserError
 from .evaluation.sts import format_table
 from .lightning_cli import keep_best_only, lightning_main
-from .papers import PAPERS, TASKS, PaperRow, paper_for_config, spread_of
-from .seed_tables import RUNS
+from .papers import PAPERS, RUNS, TASKS, PaperRow, paper_for_config
+from .seed_tables import spread_of, task_mismatch
 
 EXPERIMENTS = Path("experiments")
 # MTEB's names of SentEval's seven STS tasks, in the papers' order (`papers.TASKS`)
@@ -113,14 +113,20 @@ def run_seeds(files: Sequence[str], seeds: Sequence[int], root: Path, overrides:
 
 def summarize(results: dict[int, dict[str, float]], best_seed: int | None = None) -> dict[str, dict[str, float] | int]:
     """Mean and sample standard deviation (ddof=1) per task, and the seed with the best Avg (or
-    `best_seed`: MTEB's table names the checkpoint that SentEval's picked)."""
+    `best_seed`: MTEB's table names the checkpoint that SentEval's picked). A run of one test task has no
+    'avg' (`methods.validation.log_sts`): its seeds are ranked on that task."""
     tasks = list(next(iter(results.values())))
     table = np.array([[scores[t] for t in tasks] for scores in results.values()])
     std = table.std(axis=0, ddof=1) if len(table) > 1 else np.zeros(len(tasks))
     if best_seed is None:
-        best_seed = max(results, key=lambda seed: results[seed]["avg"])
+        best_seed = max(results, key=lambda seed: headline(results[seed]))
     return {"mean": dict(zip(tasks, table.mean(axis=0).tolist(), strict=True)),
             "std": dict(zip(tasks, std.tolist(), strict=True)), "best_seed": best_seed}
+
+
+def headline(scores: dict[str, float]) -> float:
+    """The score a seed is ranked by: its 'avg', or a single task's own score."""
+    return scores["avg"] if "avg" in scores else float(np.mean(list(scores.values())))
 
 
 def format_report(name: str, results: dict[int, dict[str, float]], best_seed: int | None = None) -> str:
@@ -152,38 +158,43 @@ def paper_row(name: str | None, files: Sequence[str]) -> PaperRow | None:
 
 def compare_to_paper(row: PaperRow, results: dict[int, dict[str, float]]) -> dict:
     """Per task: the paper's score, the reproduced mean ± std and best of N, the differences
-    (reproduced − paper); and whether the average is within the paper's spread (None when the run
-    tested other tasks than the paper's seven: its average is of another set). A best-of-seeds row
-    is compared with the best of N, any other with the mean."""
+    (reproduced − paper); and whether the average is within the paper's spread. A run that tested other
+    tasks than the paper's seven is compared task by task only: its average is of another set (None,
+    and `tested` says which). A best-of-seeds row is compared with the best of its N (the first N seeds
+    where more were run, `PaperRow.compared_seeds`), any other with the mean."""
     summary = summarize(results)
-    best = results[summary["best_seed"]]
-    tasks = [t for t in TASKS if t in summary["mean"]]
+    compared = row.compared_seeds(list(results))
+    best = results[max(compared, key=lambda seed: headline(results[seed]))]
+    mismatch = task_mismatch(summary["mean"])
+    tasks = [t for t in TASKS if t in summary["mean"] and (t != "avg" or mismatch is None)]
     spread, spread_basis = spread_of(row)
     statistic = "best" if row.best_of_seeds else "mean"
-    reproduced_avg = best["avg"] if row.best_of_seeds else summary["mean"]["avg"]
-    same_tasks = tasks == list(TASKS)
+    reproduced = best if row.best_of_seeds else summary["mean"]
     return {
         "paper": row.name, "source": row.source, "statistic": row.statistic, "compared": statistic,
+        "best_of": len(compared),
         "tasks": {t: {"paper": row.scores[t], "mean": summary["mean"][t], "std": summary["std"][t], "best": best[t],
                       "mean_minus_paper": summary["mean"][t] - row.scores[t],
                       "best_minus_paper": best[t] - row.scores[t]}
                   for t in tasks},
-        "spread": spread, "spread_basis": spread_basis,
-        "within_spread": bool(abs(reproduced_avg - row.scores["avg"]) <= spread) if same_tasks else None,
+        "tested": mismatch, "spread": spread, "spread_basis": spread_basis,
+        "within_spread": None if mismatch else bool(abs(reproduced["avg"] - row.scores["avg"]) <= spread),
     }
 
 
 def format_comparison(row: PaperRow, comparison: dict, seeds: int) -> str:
     """Markdown: a line naming the row, one table row per task, and the verdict on the average."""
     lines = [f"Paper: {row.name}, {row.model} ({row.backbone}), {row.statistic}; {row.source}", "",
-             f"| task | paper | reproduced mean ± std ({seeds} seeds) | Δ mean | best of {seeds} | Δ best |",
+             f"| task | paper | reproduced mean ± std ({seeds} seeds) | Δ mean | best of {comparison['best_of']} "
+             "| Δ best |",
              "|---|---|---|---|---|---|"]
     for task, c in comparison["tasks"].items():
         paper = f"{c['paper']:.2f}" + (f" ± {row.std[task]:.2f}" if row.std else "")
         lines.append(f"| {SHORT_NAMES.get(task, task)} | {paper} | {c['mean']:.2f} ± {c['std']:.2f} | "
                      f"{c['mean_minus_paper']:+.2f} | {c['best']:.2f} | {c['best_minus_paper']:+.2f} |")
     if comparison["within_spread"] is None:
-        return "\n".join([*lines, "", "Avg.: not compared: the run tested other tasks than the paper's seven."])
+        return "\n".join([*lines, "", f"Avg.: not compared: the run tested {comparison['tested']}, not the "
+                                       "paper's seven."])
     avg = comparison["tasks"]["avg"]
     reproduced = avg["best"] if comparison["compared"] == "best" else avg["mean"]
     where = "within" if comparison["within_spread"] else "outside"
@@ -216,6 +227,9 @@ def report(name: str, results: dict[int, dict[str, float]], root: Path, paper: P
         comparison = compare_to_paper(paper, results)
         sections.append(format_comparison(paper, comparison, len(results)))
         content["paper"] = comparison
+        readers = [row for row in PAPERS.values() if row.runs_of is paper and row is not paper]  # see `runs_of`
+        content["also"] = {row.name: compare_to_paper(row, results) for row in readers}
+        sections += [format_comparison(row, content["also"][row.name], len(results)) for row in readers]
     else:
         sections.append("No published row for this config: `--paper NAME` picks one "
                         "(`sentemb reproduce --list-papers`).")

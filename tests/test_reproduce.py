@@ -140,3 +140,29 @@ def test_mteb_sts_without_its_data_stops_in_one_line_before_any_fit(monkeypatch,
     assert err.startswith("sentemb: error: --mteb-sts STS12: its data (mteb/sts12-sts) is not in the Hugging Face "
                           "cache")
     assert err.endswith("fetch it once online: python -c \"import mteb; mteb.get_task('STS12').load_data()\"")
+
+
+@pytest.mark.slow  # a 2-step fit, as the test above
+def test_a_single_test_task_writes_its_mean_and_std(tiny_bert, sts_fixture, tmp_path, capsys):
+    """One test task has no 'avg' (nothing to average): the run still ends in `reproduce.json`, the mean ±
+    std of that task, and the published row is compared on that task alone (issue 46: KeyError 'avg')."""
+    root = tmp_path / "repro"
+    main(["reproduce", "-c", "experiments/demo/simcse.yaml", "--seeds", "1", "--paper", "simcse", "--root", str(root),
+          "--", *tiny_overrides(tiny_bert, sts_fixture, tmp_path), "--trainer.max_steps=2",
+          "--trainer.val_check_interval=2", "--data.test_tasks=[STSBenchmark]"])
+    saved = json.loads((root / "reproduce.json").read_text())
+    stsb = saved["seeds"]["0"]["STSBenchmark"]
+    assert list(saved["seeds"]["0"]) == ["STSBenchmark"] and saved["best_seed"] == 0
+    assert saved["mean"] == {"STSBenchmark": stsb} and saved["std"] == {"STSBenchmark": 0.0}
+    assert list(saved["paper"]["tasks"]) == ["STSBenchmark"] and saved["paper"]["within_spread"] is None
+    assert "Avg.: not compared: the run tested 1/7 tasks (STS-B), not the paper's seven." in capsys.readouterr().out
+
+
+def test_report_of_one_task_over_seeds_is_its_mean_and_sample_std(tmp_path):
+    from lightning_sentemb.reproduce import report
+
+    report("simcse", {0: {"STSBenchmark": 70.0}, 1: {"STSBenchmark": 72.0}, 2: {"STSBenchmark": 71.0}}, tmp_path)
+    saved = json.loads((tmp_path / "reproduce.json").read_text())
+    assert saved["mean"] == {"STSBenchmark": 71.0} and saved["std"] == pytest.approx({"STSBenchmark": 1.0})
+    assert saved["best_seed"] == 1
+    assert "| simcse best of 3 (seed 1) | 72.00 |" in (tmp_path / "reproduce.md").read_text()
