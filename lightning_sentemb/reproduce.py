@@ -6,7 +6,9 @@
 Prints every seed's row, mean ± std per task (ConPVP's Table 4 reports ablations so) and the best
 of N (the seed with the best test Avg., as the seed papers' main tables report it), then the
 published row (`papers.py`: the config's own, or `--paper NAME`) beside them task by task, with the
-differences and whether the average falls within the paper's spread. The same tables go to
+differences and whether the average falls within the paper's spread (only for a run of the paper's
+seven tasks: another set's average is not the paper's), and every row that reads the same runs
+(`PaperRow.runs_of`: ConPVP's own best of 4 beside the released SimCSE). The same tables go to
 `ROOT/reproduce.md`, the numbers to `ROOT/reproduce.json`. Each seed gets
 `--seed_everything=SEED` and its own `--trainer.default_root_dir` under `--root`; arguments after
 `--` are appended to every fit (a trainer preset, a smaller model). The fits run in this process
