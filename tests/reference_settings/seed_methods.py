@@ -24,11 +24,14 @@ def pins(config: str, *rows: tuple[str, Any, str]) -> list[Setting]:
     return [Setting(config, key, value, source) for key, value, source in rows]
 
 
-def loop(config: str, clip: str, metric: str, eval_steps: str) -> list[Setting]:
-    """The HF Trainer loop every reference shares: clip at `clip`, AdamW without decay or warm-up (4.2.1's
-    defaults), the best STS-B dev score kept, evaluated at `eval_steps`."""
+def loop(config: str, trainer: str, clip: int, dev: int, metric: str, eval_steps: str) -> list[Setting]:
+    """The HF Trainer loop every reference shares (`trainer`, its copy): the clip at line `clip`, AdamW without
+    decay or warm-up (4.2.1's defaults), STS-B dev encoded in fp32 (line `dev`: autocast is for training only;
+    the evaluation scripts never cast either) every `eval_steps`, the best score's checkpoint kept."""
+    clip = f"{trainer}:{clip}"
     return pins(
         config,
+        ("model.init_args.eval_precision", "32", f"{trainer}:{dev}"),
         ("trainer.gradient_clip_val", 1.0, clip),
         ("trainer.gradient_clip_algorithm", "norm", clip),
         ("model.init_args.weight_decay", 0.0, f"{HF_ARGS}:289"),
@@ -51,7 +54,7 @@ def simcse(config: str, lr: float, lr_line: int, batch: int) -> list[Setting]:
         return f"{script}:{sup if supervised else unsup}"
 
     return [
-        *loop(config, f"{SIMCSE}/simcse/trainers.py:473", line(16, 27), line(18, 29)),
+        *loop(config, f"{SIMCSE}/simcse/trainers.py", 473, 115, line(16, 27), line(18, 29)),
         *pins(
             config,
             ("model.init_args.lr", lr, f"{README}:{lr_line}"),
@@ -76,7 +79,7 @@ def promptbert(config: str, roberta: bool) -> list[Setting]:
     """bert-large / roberta-large have no script: the base run's lines (the configs say so)."""
     batch, epochs, lr = (76, 77, 78) if roberta else (94, 95, 96)
     rows = [
-        *loop(config, f"{PB}/prompt_bert/trainers.py:474", f"{RUN}:6", f"{RUN}:5"),
+        *loop(config, f"{PB}/prompt_bert/trainers.py", 474, 115, f"{RUN}:6", f"{RUN}:5"),
         *pins(
             config,
             ("model.init_args.lr", 1e-5, f"{RUN}:{lr}"),
@@ -104,7 +107,7 @@ CONPVP_PAPER = "../shared/papers/conpvp_zeng2022.txt"  # Zeng et al. (2022), Tab
 
 def conpvp(config: str, lr: float, batch: int, line: int) -> list[Setting]:
     return [
-        *loop(config, f"{CP}/simcse/trainers.py:497", f"{CONPVP_PAPER}:332", f"{CONPVP_PAPER}:330"),
+        *loop(config, f"{CP}/simcse/trainers.py", 497, 138, f"{CONPVP_PAPER}:332", f"{CONPVP_PAPER}:330"),
         *pins(
             config,
             ("model.init_args.lr", lr, f"{CONPVP_PAPER}:{line}"),
@@ -128,7 +131,7 @@ def dcpcse(config: str, lr: float, batch: int, prefix: int, mlm: float) -> list[
         return f"{script}:{sup if supervised else unsup}"
 
     return [
-        *loop(config, f"{DC}/dcpcse/trainers.py:504", line(16, 27), line(18, 29)),
+        *loop(config, f"{DC}/dcpcse/trainers.py", 504, 146, line(16, 27), line(18, 29)),
         *pins(
             config,
             ("data.batch_size", batch, f"{DC_README}:{first}"),
@@ -147,7 +150,7 @@ def dcpcse(config: str, lr: float, batch: int, prefix: int, mlm: float) -> list[
 
 DCPCSE_PAPER = "../shared/papers/dcpcse_jiang2022.txt"  # Jiang & Wang (2022), Appendix A
 SCPCSE = [
-    *loop("scpcse", f"{DC}/dcpcse/trainers.py:504", f"{DCPCSE_PAPER}:179", f"{DCPCSE_PAPER}:203"),
+    *loop("scpcse", f"{DC}/dcpcse/trainers.py", 504, 146, f"{DCPCSE_PAPER}:179", f"{DCPCSE_PAPER}:203"),
     *pins(
         "scpcse",
         ("model.init_args.lr", 1e-3, f"{DCPCSE_PAPER}:203"),
@@ -177,7 +180,7 @@ def clusterns(config: str, values: dict[str, Any]) -> list[Setting]:
             "model.init_args.sigma", "model.init_args.hard_negatives", "model.init_args.bml_weight",
             "model.init_args.bml_alpha", "model.init_args.bml_beta"]
     rows = [
-        *loop(config, f"{CN}/{'prompt_bert' if prompt else 'simcse'}/trainers.py:{475 if prompt else 473}",
+        *loop(config, f"{CN}/{'prompt_bert' if prompt else 'simcse'}/trainers.py", 475 if prompt else 473, 115,
               line(18, 27), line(20, 29)),
         *pins(config, *((key, value, f"{CN_README}:{62 + i}") for i, (key, value) in enumerate(
             zip(keys, values.values(), strict=True)))),
