@@ -24,15 +24,20 @@ def pins(config: str, *rows: tuple[str, Any, str]) -> list[Setting]:
     return [Setting(config, key, value, source) for key, value, source in rows]
 
 
-def loop(config: str, trainer: str, clip: int, dev: int, metric: str, eval_steps: str) -> list[Setting]:
+def loop(config: str, trainer: str, clip: int, dev: int, metric: str, eval_steps: str,
+         gpus: tuple[int, str] = (1, "")) -> list[Setting]:
     """The HF Trainer loop every reference shares (`trainer`, its copy): the clip at line `clip`, AdamW without
     decay or warm-up (4.2.1's defaults), STS-B dev encoded in fp32 (line `dev`: autocast is for training only;
-    the evaluation scripts never cast either) every `eval_steps`, the best score's checkpoint kept."""
+    the evaluation scripts never cast either) every `eval_steps`, the best score's checkpoint kept.
+
+    `gpus`: (k, the line that gathers the views) for a run on k GPUs: each rank's loss is the gathered
+    global batch's, through its own rows, and DDP averages the k gradients, so the reference clips the full
+    gradient / k at 1.0, which is clipping the full gradient (one GPU, or our DDP) at k."""
     clip = f"{trainer}:{clip}"
     return pins(
         config,
         ("model.init_args.eval_precision", "32", f"{trainer}:{dev}"),
-        ("trainer.gradient_clip_val", 1.0, clip),
+        ("trainer.gradient_clip_val", float(gpus[0]), gpus[1] if gpus[0] > 1 else clip),
         ("trainer.gradient_clip_algorithm", "norm", clip),
         ("model.init_args.weight_decay", 0.0, f"{HF_ARGS}:289"),
         ("model.init_args.warmup_steps", 0, f"{HF_ARGS}:304"),
@@ -54,7 +59,9 @@ def simcse(config: str, lr: float, lr_line: int, batch: int) -> list[Setting]:
         return f"{script}:{sup if supervised else unsup}"
 
     return [
-        *loop(config, f"{SIMCSE}/simcse/trainers.py", 473, 115, line(16, 27), line(18, 29)),
+        # sup: 128 x 4 GPUs (run_sup_example.sh:6, :23), gathered at simcse/models.py:188
+        *loop(config, f"{SIMCSE}/simcse/trainers.py", 473, 115, line(16, 27), line(18, 29),
+              (4, f"{SIMCSE}/simcse/models.py:188") if supervised else (1, "")),
         *pins(
             config,
             ("model.init_args.lr", lr, f"{README}:{lr_line}"),
@@ -167,9 +174,9 @@ CN = "djz233/ClusterNS"
 CN_README = f"{CN}/readme.md"
 
 
-def clusterns(config: str, values: dict[str, Any]) -> list[Setting]:
+def clusterns(config: str, values: dict[str, Any], gpus: int = 1) -> list[Setting]:
     """`values`: the readme column's batch_size, model_lr, kmeans, kmeans_lr, kmean_cosine, enable_hardneg,
-    bml_weight, bml_alpha, bml_beta (lines 62-70, in that order)."""
+    bml_weight, bml_alpha, bml_beta (lines 62-70, in that order); `gpus`: its "x k" (line 62)."""
     prompt = "prompt" in config
     script = f"{CN}/run_prompt.sh" if prompt else f"{CN}/run_non_prompt.sh"
     def line(plain: int, with_prompt: int) -> str:
@@ -181,7 +188,7 @@ def clusterns(config: str, values: dict[str, Any]) -> list[Setting]:
             "model.init_args.bml_alpha", "model.init_args.bml_beta"]
     rows = [
         *loop(config, f"{CN}/{'prompt_bert' if prompt else 'simcse'}/trainers.py", 475 if prompt else 473, 115,
-              line(18, 27), line(20, 29)),
+              line(18, 27), line(20, 29), (gpus, f"{CN}/{models}:{230 if prompt else 196}")),
         *pins(config, *((key, value, f"{CN_README}:{62 + i}") for i, (key, value) in enumerate(
             zip(keys, values.values(), strict=True)))),
         *pins(
@@ -242,9 +249,9 @@ SETTINGS: list[Setting] = [
     *SCPCSE,
     # the readme's "128*4" / "256*2": one global batch of per-GPU x GPUs (the views are gathered)
     *clusterns("clusterns", column(256, 5e-5, 128, 1e-3, 0.4, True, 1e-3, 0.0, 0.3)),
-    *clusterns("clusterns_bert_large", column(512, 5e-5, 128, 1e-3, 0.5, True, 5e-5, 0.25, 0.3)),
-    *clusterns("clusterns_roberta_base", column(512, 5e-5, 128, 1e-3, 0.4, True, 1e-4, 0.2, 0.5)),
+    *clusterns("clusterns_bert_large", column(512, 5e-5, 128, 1e-3, 0.5, True, 5e-5, 0.25, 0.3), gpus=4),
+    *clusterns("clusterns_roberta_base", column(512, 5e-5, 128, 1e-3, 0.4, True, 1e-4, 0.2, 0.5), gpus=2),
     *clusterns("clusterns_prompt", column(512, 5e-5, 96, 5e-4, 0.4, True, 1e-2, 0.0, 0.2)),
-    *clusterns("clusterns_prompt_bert_large", column(256, 3e-5, 96, 1e-4, 0.2, True, 5e-4, 0.25, 0.3)),
-    *clusterns("clusterns_prompt_roberta_base", column(512, 5e-5, 128, 1e-3, 0.4, False, 1e-2, 0.2, 0.6)),
+    *clusterns("clusterns_prompt_bert_large", column(256, 3e-5, 96, 1e-4, 0.2, True, 5e-4, 0.25, 0.3), gpus=4),
+    *clusterns("clusterns_prompt_roberta_base", column(512, 5e-5, 128, 1e-3, 0.4, False, 1e-2, 0.2, 0.6), gpus=2),
 ]
