@@ -31,6 +31,8 @@ from .precision import slow_bf16_notice, use_tf32
 from .user_code import add_user_folders
 
 SELECTION_METRIC = "val/STSBenchmark-dev"
+# `checkpoint.*` as a config leaves them: best.ckpt is the best STS-B dev score (the references' selection)
+CHECKPOINT_DEFAULTS = {"checkpoint.monitor": SELECTION_METRIC, "checkpoint.mode": "max", "checkpoint.filename": "best"}
 # Lightning's 50 logs a 60-step demo's loss once; 10 gives a curve and is negligible in long runs.
 LOG_EVERY_N_STEPS = 10
 
@@ -82,8 +84,7 @@ class SentEmbCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(SentEmbCheckpoint, "checkpoint")
-        parser.set_defaults({"checkpoint.monitor": SELECTION_METRIC, "checkpoint.mode": "max",
-                             "checkpoint.filename": "best"})
+        parser.set_defaults(CHECKPOINT_DEFAULTS)
         parser.add_argument("--overwrite", type=bool, default=False,
                             help="fit: delete the checkpoints of an earlier run in this root dir first")
         parser.add_argument("--tf32", type=bool, default=True,

@@ -12,7 +12,9 @@ import pytest
 import yaml
 from lightning.pytorch import Trainer
 
+from lightning_sentemb.callbacks.checkpointing import SentEmbCheckpoint
 from lightning_sentemb.data.datamodule import SentEmbDataModule
+from lightning_sentemb.lightning_cli import CHECKPOINT_DEFAULTS
 from lightning_sentemb.papers import PAPERS
 
 from .conftest import REPO
@@ -70,6 +72,8 @@ def resolve(config: dict[str, Any], key: str) -> Any:
         return signature_default(SentEmbDataModule, parts[1])
     if parts[0] == "trainer":
         return signature_default(Trainer, parts[1])
+    if parts[0] == "checkpoint":  # the CLI's defaults, else the callback's
+        return CHECKPOINT_DEFAULTS.get(key) or signature_default(SentEmbCheckpoint, parts[1])
     return MISSING
 
 
@@ -100,3 +104,6 @@ def test_resolve_reads_defaults():
     assert resolve(config, "trainer.gradient_clip_val") is None
     assert resolve(config, "trainer.callbacks.EarlyStopping.patience") == 3
     assert resolve(config, "trainer.callbacks.ModelCheckpoint.monitor") is MISSING
+    assert resolve(config, "checkpoint.monitor") == "val/STSBenchmark-dev"
+    assert resolve({"checkpoint": {"mode": "min"}}, "checkpoint.mode") == "min"
+    assert resolve(config, "checkpoint.every_n_train_steps") is None

@@ -195,12 +195,17 @@ class ClusteringObjective:
 
 class ClusterNS(ClusteringObjective, SimCSE):
     """Non-prompt ClusterNS: SimCSE's dropout views (`collate`, pooler, training-only MLP) with the
-    clustering objective. See `ClusteringObjective` for the arguments."""
+    clustering objective. See `ClusteringObjective` for the arguments.
+
+    Defaults are the paper's (`update_rule: mean`, Eq. 7); the code sums the members, stops after 3
+    validations without a better STS-B dev and clips to norm 1.0: its seed-row configs set those
+    (`update_rule: sum`, an EarlyStopping callback; docs/methods.md, reproduction configs)."""
 
 
 class ClusterNSPrompt(ClusteringObjective, PromptBERT):
     """Prompt-based ClusterNS: PromptBERT's two-template [MASK] views (with template denoising)
-    with the clustering objective. See `ClusteringObjective` and `PromptBERT` for the arguments."""
+    with the clustering objective. See `ClusteringObjective` and `PromptBERT` for the arguments.
+    Seed-row configs as `ClusterNS`'s, with PromptBERT's code's dev denoising and template order."""
 
 
 class ClusterNSPrefix(ClusteringObjective, DCPCSE):

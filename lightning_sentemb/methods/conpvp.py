@@ -66,6 +66,9 @@ class ConPVPViews(TemplateViews):
 class ConPVP(PromptMethod):
     """ConPVP on a one-column corpus (other columns are ignored).
 
+    Defaults are the paper's; its code (lemon0830/promptCSE, ConPVP.zip) adds the trainer's clip to norm 1.0,
+    which the seed-row configs set (docs/methods.md, reproduction configs).
+
     On a causal decoder the [MASK] state becomes the state of the token before [MASK] (each template is
     cut there, `encoders.template`), e.g. `"[X]", is this review positive ?`, and the anchor reads its
     last prompt vector; denoising is then off by default, as in PromptEOL (`denoise_train`).

@@ -130,6 +130,9 @@ def trainable_parameter_count(
 class DCPCSE(SimCSE):
     """SimCSE (unsupervised or NLI-supervised) through a frozen backbone with deep prefixes.
 
+    Defaults are the paper's (Appendix A); its code (YJiangcm/DCPCSE at 22c52f9) agrees, and its trainer clips
+    gradients to norm 1.0, which the seed-row configs set (docs/methods.md, reproduction configs).
+
     Args:
         prefix_len: prefix vectors per layer (paper Tables 3-4: 16 BERT-base, 14 RoBERTa-base,
             10 large models unsupervised; 12 BERT, 10 RoBERTa supervised).

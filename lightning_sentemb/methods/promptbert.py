@@ -132,6 +132,9 @@ class PromptBERT(PromptMethod):
     (the same template again when only one is given: dropout-only views). Supervised (NLI csv):
     `sent0`, `sent1` and `hard_neg` (or `hard_neg_1..k`) all under `templates[0]`, as in the reference.
 
+    Defaults follow the paper (dev scored as test is); the code scores STS-B dev denoised (`denoise_val`), the "of"
+    template first on BERT, and clipping to norm 1.0: its seed-row configs set those (docs/methods.md).
+
     Args:
         templates: template strings (see `encoders.template`); default by backbone family —
             BERT: `This sentence : "[X]" means [MASK] .`, `This sentence of "[X]" means [MASK] .`;

@@ -27,6 +27,9 @@ __all__ = ["SCPCSE"]
 class SCPCSE(PromptBERT):
     """Shallow continuous prompt on a frozen backbone.
 
+    Defaults are the paper's (§3.3, Appendix A); no code was published: its seed-row config adds the clip to
+    norm 1.0 of the DCPCSE code's trainer (docs/methods.md, reproduction configs).
+
     Args:
         templates: one template whose text becomes the prompt vectors; None = the family's first
             PromptBERT template (BERT: `This sentence : "[X]" means [MASK] .`, the paper's).

@@ -30,6 +30,9 @@ class SimCSE(SentEmbMethod):
     `hard_neg` (contradiction), or k hard negatives `hard_neg_1..k` (`data.corpus.nli_columns`), each
     anchor's own k in its batch. Negatives are the global batch under DDP.
 
+    Defaults are the paper's; its code agrees on each, and its trainer clips gradients to norm 1.0 (the
+    seed-row configs set `trainer.gradient_clip_val`; docs/methods.md, reproduction configs).
+
     Args:
         hard_negative_weight: SimCSE's additive logit bias on each anchor's own hard negative.
         **kwargs: see `SentEmbMethod`.
