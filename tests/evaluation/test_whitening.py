@@ -181,6 +181,9 @@ def test_export_writes_the_whitening_as_sentence_transformers_own_module(tiny_be
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(load_embedder(str(folder)).encode(sentences), want, atol=1e-5, rtol=1e-5)
     assert "## Whitening" in (folder / "README.md").read_text()
+    # the public path sentence-transformers 3-5 import too, not sentence-transformers 6's module of the class
+    assert [entry["type"] for entry in json.loads((folder / "modules.json").read_text())][-1] == \
+        "sentence_transformers.models.Dense"
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["export", tiny_bert, str(tmp_path / "other"), "--whiten", "task"])

@@ -1,0 +1,81 @@
+"""Export = checkpoint, for every method class: `sentemb evaluate --model EXPORT` (its loading,
+`loading.load_embedder`, called in-process) embeds as the method's own `encode` does, on a tiny random
+BERT (a decoder for MNTP) whose trained tensors are moved off their initialization first, so that an
+export that dropped one (a prefix, an MLP, a flow, a template's vectors) differs."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+
+from lightning_sentemb import methods
+from lightning_sentemb.export import export
+from lightning_sentemb.loading import load_embedder
+from lightning_sentemb.methods.building import build_method
+
+SENTENCES = ["a man plays a guitar .", "the cat sleeps on the mat all day long", "kids play football", "nice ."]
+
+# the modules.json paths that sentence-transformers 3, 4 and 5 import too (6 moved the classes, and keeps
+# these names); lightning_sentemb's own modules are named by their path in this package
+PUBLIC_ST_MODULES = {f"sentence_transformers.models.{name}"
+                     for name in ("Transformer", "Pooling", "Dense", "Normalize", "WeightedLayerPooling")}
+
+# method class → (backbone fixture, constructor arguments that keep it small); every class the package
+# exports has a row (test_every_method_class_has_a_row); a row named `Class:what` adds a variant
+METHODS = {
+    "SimCSE": ("tiny_bert", {}),
+    # the layer weighting (WeightedLayerPooling from the embedding output) and the kept MLP (Dense)
+    "SimCSE:avg_emb_last+mlp": ("tiny_bert", {"pooler": "avg_emb_last", "mlp": "always"}),
+    "PromptBERT": ("tiny_bert", {}),
+    "ConPVP": ("tiny_bert", {"prompt_length": 2}),
+    "SCPCSE": ("tiny_bert", {}),
+    "SNCSE": ("tiny_bert", {}),
+    "DCPCSE": ("tiny_bert", {"prefix_len": 2}),
+    "DCPCSE:avg_first_last": ("tiny_bert", {"prefix_len": 2, "pooler": "avg_first_last", "mlp": "none"}),
+    "ClusterNS": ("tiny_bert", {"num_clusters": 2}),
+    "ClusterNSPrompt": ("tiny_bert", {"num_clusters": 2}),
+    "ClusterNSPrefix": ("tiny_bert", {"num_clusters": 2, "prefix_len": 2}),
+    "ConSERT": ("tiny_bert", {}),
+    "ConSERTJoint": ("tiny_bert", {}),
+    "DCLR": ("tiny_bert", {"guide": "self"}),
+    "ESimCSE": ("tiny_bert", {"queue_size": 4}),
+    "MixCSE": ("tiny_bert", {}),
+    "SBERT": ("tiny_bert", {}),
+    "BERTFlow": ("tiny_bert", {}),
+    "MNTP": ("tiny_llama", {}),
+}
+
+
+def test_every_method_class_has_a_row():
+    exported = {name for name in methods.__all__ if inspect.isclass(getattr(methods, name))
+                and issubclass(getattr(methods, name), methods.SentEmbMethod) and name != "SentEmbMethod"}
+    assert exported == {row.partition(":")[0] for row in METHODS}
+
+
+def trained(name: str, backbone: str) -> methods.SentEmbMethod:
+    """The method built as its defaults say, every trained tensor moved (frozen ones, a DCPCSE backbone
+    that the export references by name, kept)."""
+    fixture, kwargs = METHODS[name]
+    torch.manual_seed(0)
+    method = build_method(getattr(methods, name.partition(":")[0]), backbone, **kwargs)
+    with torch.no_grad():
+        for parameter in method.parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    return method.eval()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_the_export_embeds_as_the_checkpoint(name, request, tmp_path):
+    method = trained(name, request.getfixturevalue(METHODS[name][0]))
+    want = method.encode(SENTENCES)
+    folder = export(method, tmp_path / "export")
+    embedder = load_embedder(str(folder))  # what `sentemb evaluate --model FOLDER` scores
+    got = embedder.encode(SENTENCES)
+    assert embedder.size == method.output_size
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    types = [entry["type"] for entry in json.loads((folder / "modules.json").read_text())]
+    assert all(t in PUBLIC_ST_MODULES or t.startswith("lightning_sentemb.") for t in types), types
