@@ -79,3 +79,38 @@ def test_the_export_embeds_as_the_checkpoint(name, request, tmp_path):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     types = [entry["type"] for entry in json.loads((folder / "modules.json").read_text())]
     assert all(t in PUBLIC_ST_MODULES or t.startswith("lightning_sentemb.") for t in types), types
+
+
+def test_a_pooler_given_on_an_export_scores_its_backbone_and_says_when_that_differs(tiny_bert, tmp_path, capsys):
+    """`--pooler` overrides the export's own pooling: the bare backbone with that pooler, one line when it is
+    not what the folder's modules compute (SBERT's export: mean pooling)."""
+    from lightning_sentemb.loading import load_method
+
+    folder = export(trained("SBERT", tiny_bert), tmp_path / "export")
+    capsys.readouterr()
+    same = load_embedder(str(folder), "avg").encode(SENTENCES)
+    assert capsys.readouterr().out == ""
+    torch.testing.assert_close(same, load_embedder(str(folder)).encode(SENTENCES), atol=1e-5, rtol=1e-4)
+    first = load_embedder(str(folder), "cls_before_pooler").encode(SENTENCES)
+    line = capsys.readouterr().out.strip()
+    assert line == (f"--pooler cls_before_pooler: {folder} has its own pooling in modules.json (Pooling (mean)); "
+                    "scoring its backbone with cls_before_pooler instead (leave --pooler out to score the folder "
+                    "as it is)")
+    torch.testing.assert_close(first, load_method(str(folder), "cls_before_pooler").encode(SENTENCES))
+
+
+def test_a_sentence_transformers_models_own_modules_are_read(tmp_path):
+    """A folder written by sentence-transformers itself (all-MiniLM-L6-v2's layout: pooling flags, Normalize)."""
+    from lightning_sentemb.loading import st_modules, st_pooling
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 8, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True}))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert st_modules(str(tmp_path)) == modules
+    assert st_pooling(str(tmp_path), modules) == ("Pooling (mean), Normalize", None)
+    assert st_pooling(str(tmp_path), modules[:2]) == ("Pooling (mean)", "avg")
+    assert st_modules(str(tmp_path / "1_Pooling")) is None
