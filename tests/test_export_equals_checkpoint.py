@@ -1,5 +1,5 @@
-"""Export = checkpoint, for every method class: `sentemb evaluate --model EXPORT` (its loading,
-`loading.load_embedder`, called in-process) embeds as the method's own `encode` does, on a tiny random
+"""Export = checkpoint, for every method class: `sentemb evaluate --model EXPORT` embeds as `sentemb
+evaluate --model CKPT` does (their loading, `loading.load_embedder`, called in-process), on a tiny random
 BERT (a decoder for MNTP) whose trained tensors are moved off their initialization first, so that an
 export that dropped one (a prefix, an MLP, a flow, a template's vectors) differs."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,15 +69,26 @@ def trained(name: str, backbone: str) -> methods.SentEmbMethod:
     return method.eval()
 
 
+def checkpoint(method: methods.SentEmbMethod, path: Path) -> Path:
+    """The method saved as `sentemb fit` saves it (Lightning's checkpoint, the method's own hooks)."""
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)
+    trainer.strategy.connect(method)
+    trainer.save_checkpoint(path)
+    return path
+
+
 @pytest.mark.parametrize("name", list(METHODS))
 def test_the_export_embeds_as_the_checkpoint(name, request, tmp_path):
     method = trained(name, request.getfixturevalue(METHODS[name][0]))
-    want = method.encode(SENTENCES)
+    scored = load_embedder(str(checkpoint(method, tmp_path / "best.ckpt")))  # `sentemb evaluate --model CKPT`
+    want = scored.encode(SENTENCES)
     folder = export(method, tmp_path / "export")
-    embedder = load_embedder(str(folder))  # what `sentemb evaluate --model FOLDER` scores
-    got = embedder.encode(SENTENCES)
-    assert embedder.size == method.output_size
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    embedder = load_embedder(str(folder))  # `sentemb evaluate --model FOLDER`
+    assert embedder.size == scored.size == method.output_size
+    torch.testing.assert_close(embedder.encode(SENTENCES), want, atol=1e-5, rtol=1e-4)
     types = [entry["type"] for entry in json.loads((folder / "modules.json").read_text())]
     assert all(t in PUBLIC_ST_MODULES or t.startswith("lightning_sentemb.") for t in types), types
 
