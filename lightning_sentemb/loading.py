@@ -137,7 +137,7 @@ def load_embedder(
     if modules is not None and pooler is None:
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(path, device=device, trust_remote_code=True)
+        model = SentenceTransformer(resolve_model_path(path), device=device, trust_remote_code=True)
         model[0].eval_precision = eval_precision  # as `load_method` overrides a checkpoint's
 
         def encode_export(sentences: list[str], batch_size: int | None = batch_size,

