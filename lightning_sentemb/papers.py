@@ -130,11 +130,15 @@ CONPVP_RUN = "best of 4 seeds (ConPVP's own run of the baseline, best Avg.)"
 CLUSTERNS_RUN = "single run (checklist C3: 5 seeds give a std of about 0.1-0.2)"
 DCPCSE_RUN = "mean of 10 random runs (§3.1, no std)"
 NO_TRAINING = "one evaluation of the pretrained model (nothing trained)"
-# the raw backbones' rows: BERT-whitening and BERT-flow start from the first-last average
-FIRST_LAST = "sentemb evaluate --model bert-base-uncased --pooler avg_first_last"
+# the raw backbones' rows. BERT-base (first-last avg.), 56.70, averaged the embedding output with the last
+# layer (SimCSE's first release; SimCSE issue 285 measures 60.73 with the first transformer layer);
+# BERT-whitening's code (bojone/BERT-whitening, eng/utils.py get_encoder) averages the first transformer layer's
+# output with the last, and fits "target" (eng/eval.py: each task's train, dev and test pairs)
+FIRST_LAST = "sentemb evaluate --model bert-base-uncased --pooler avg_emb_last"
+WHITENING = "sentemb evaluate --model bert-base-uncased --pooler avg_first_last --whiten target"
 FIT_DATA = ("the seed tables do not say which data the whitening/flow was fitted on (Su et al. and Li et al. "
-            "report the NLI sentences and the target task's): nli here, task (or a file of the target "
-            "sentences) the other")
+            "report the NLI sentences and the target task's): target here, the reference's `target` (each task's "
+            "train, dev and test sentences), nli the other")
 
 
 def stage_commands(row: str, config: str) -> tuple[str, str]:
@@ -172,7 +176,7 @@ PAPERS: dict[str, PaperRow] = {
         _seed("bert_whitening", "BERT-base-whitening", "bert-base-uncased",
               "57.83 66.90 60.90 75.08 71.31 68.24 63.73 66.28",
               f"{DCPCSE_T1} (†) and {CLUSTERNS_T1} (Su et al., 2021); {FIT_DATA}", QUOTED, DCPCSE,
-              command=f"{FIRST_LAST} --whiten nli"),
+              command=WHITENING),
         _seed("glove", "GloVe embeddings (avg.)", "glove.840B.300d", "55.14 70.66 59.73 68.25 63.66 58.02 53.76 61.32",
               f"{CLUSTERNS_T1} (from Gao et al., 2021)", QUOTED, CLUSTERNS,
               missing="averaged static GloVe vectors: no method here builds them"),
@@ -258,7 +262,7 @@ PAPERS: dict[str, PaperRow] = {
               command="sentemb evaluate --model roberta-base --pooler avg", disagreeing_copies=("53.30", "53.33")),
         _seed("roberta_whitening", "RoBERTa-base-whitening", "roberta-base",
               "46.99 63.24 57.23 71.36 68.99 61.36 62.91 61.73", f"{CLUSTERNS_T1} (Su et al., 2021); {FIT_DATA}",
-              QUOTED, CLUSTERNS, command="sentemb evaluate --model roberta-base --pooler avg_first_last --whiten nli",
+              QUOTED, CLUSTERNS, command=WHITENING.replace("bert-base-uncased", "roberta-base"),
               disagreeing_copies=("61.77",)),
         _seed("simcse_roberta_base", "unsup-SimCSE-RoBERTa-base", "roberta-base",
               "70.16 81.77 73.24 81.36 80.65 80.22 68.56 76.57",
@@ -333,8 +337,8 @@ PAPERS: dict[str, PaperRow] = {
               f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE, configs=("flow_sbert",), first_stage=SBERT_FLOW_STAGE),
         _seed("sbert_whitening", "SBERT-base-whitening", "bert-base-uncased",
               "69.65 77.57 74.66 82.27 78.39 79.52 76.91 77.00", f"{DCPCSE_T1} (†); {FIT_DATA}", QUOTED, DCPCSE,
-              command=f"{SBERT_WHITENING_STAGE} && sentemb evaluate --model {SBERT_WHITENING_EXPORT} --pooler avg "
-                      "--whiten nli"),
+              command=f"{SBERT_WHITENING_STAGE} && sentemb evaluate --model {SBERT_WHITENING_EXPORT} "
+                      "--whiten target"),
         _seed("simcse_sup", "sup-SimCSE-BERT-base", "bert-base-uncased",
               "75.30 84.67 80.19 85.40 80.82 84.25 80.39 81.57",
               f"Gao et al. (2021), as {DCPCSE_T1} (‡) prints it; {SIMCSE_README}",

@@ -43,8 +43,8 @@ def edited_demo(tmp_path: Path, old: str, new: str) -> str:
     ("  max_steps:", "  max_step:", "unknown key `trainer.max_step` (in {config}); did you mean `trainer.max_steps`?"),
     ("trainer:", "tranier:", "unknown key `tranier.max_steps` (in {config}); did you mean `trainer.max_steps`?"),
     ("pooler: avg", "pooler: mean", "model.init_args.pooler: 'mean' is not allowed; choose one of cls, "
-                                    "cls_before_pooler, last, avg, avg_first_last, avg_top2, mask, echo_mean, "
-                                    "echo_last"),
+                                    "cls_before_pooler, last, avg, avg_first_last, avg_emb_last, avg_top2, mask, "
+                                    "echo_mean, echo_last"),
     ("mlp: none", "mlp: never", "model.init_args.mlp: 'never' is not allowed; choose one of none, train, always"),
     ("temperature: 0.05", "temperature: hot", "model.init_args.temperature: expected a float, got 'hot'"),
     ("SimCSE", "SimCSF", "model: no class named 'SimCSF'; did you mean `SimCSE`?"),

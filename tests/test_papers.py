@@ -81,7 +81,9 @@ def test_every_row_of_a_seed_table_says_how_it_is_reproduced():
     assert PAPERS["conpvp"].how_to_reproduce == "sentemb reproduce --method conpvp --seeds 4"
     assert PAPERS["dcpcse"].how_to_reproduce == "sentemb reproduce --method dcpcse --seeds 10"
     assert PAPERS["bert_first_last_avg"].how_to_reproduce == (
-        "sentemb evaluate --model bert-base-uncased --pooler avg_first_last")
+        "sentemb evaluate --model bert-base-uncased --pooler avg_emb_last")
+    assert PAPERS["bert_whitening"].how_to_reproduce == (
+        "sentemb evaluate --model bert-base-uncased --pooler avg_first_last --whiten target")
 
 
 def test_a_config_that_starts_from_an_export_says_which_stage_writes_it():
@@ -249,7 +251,7 @@ def test_seed_table_in_the_papers_order_with_runs_commands_and_other_quotes(tmp_
     assert f"| 78.85 | 77.25 ± 0.35 (2 seeds, best 77.50; {tmp_path / 'runs' / 'conpvp'}) |" in out
     assert "| GloVe embeddings | 55.14 |" in out and "not implemented (averaged static GloVe" in out
     assert "| 81.58 | 69.53 | 78.72 | `sentemb reproduce --method clusterns_prompt --seeds 5` |" in out
-    assert "| 56.70 | `sentemb evaluate --model bert-base-uncased --pooler avg_first_last` |" in out
+    assert "| 56.70 | `sentemb evaluate --model bert-base-uncased --pooler avg_emb_last` |" in out
     assert "| ↳ PromptBERT-BERT-large (ConPVP's run), as Zeng et al. (2022), ConPVP, Table 3 | 71.55 |" in out
     assert "ClusterNS's garbled copies also print Avg. 76.23" in out
     conpvp = format_seed_table("conpvp")

@@ -42,10 +42,27 @@ def test_last_pooler_finds_the_last_token_of_left_padded_rows():
     assert pool("last", outputs, {"attention_mask": right}).flatten().tolist() == [2.0, 4.0]
 
 
-def test_avg_first_last_can_use_embedding_output():
-    # index 0 = embedding output (SimCSE's first release): (layer0 + layer2) / 2
-    assert torch.allclose(pool("avg_first_last", OUTPUTS, FEATURES, first_hidden_index=0),
-                          torch.tensor([[3.5, 1.5], [2.0, 0.5]]))
+def test_avg_emb_last_averages_the_embedding_output_with_the_last_layer():
+    # hidden_states[0] = the embedding output (SimCSE's first release's first-last): (layer0 + layer2) / 2
+    assert torch.allclose(pool("avg_emb_last", OUTPUTS, FEATURES), torch.tensor([[3.5, 1.5], [2.0, 0.5]]))
+
+
+@pytest.mark.parametrize(("pooler", "first"), [("avg_first_last", 1), ("avg_emb_last", 0), ("avg_top2", -2)])
+def test_layer_poolers_equal_a_mean_over_the_backbones_hidden_states(pooler, first, tiny_bert):
+    """What `--pooler` / `model.init_args.pooler` selects, through the encoder (packed forward), against
+    transformers' own `output_hidden_states` averaged here over the real tokens."""
+    from transformers import AutoModel
+
+    from lightning_sentemb.methods import SimCSE, build_method
+
+    method = build_method(SimCSE, tiny_bert, pooler=pooler, mlp="none").eval()
+    sentences = ["a man plays a guitar .", "the cat sleeps on the mat all day long"]
+    batch = method.encoder.tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = AutoModel.from_pretrained(tiny_bert).eval()(**batch, output_hidden_states=True).hidden_states
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    want = (((states[first] + states[-1]) / 2) * mask).sum(1) / mask.sum(1)
+    torch.testing.assert_close(method.encode(sentences), want, atol=1e-5, rtol=1e-5)
 
 
 def test_mask_pooler_takes_the_position_the_template_format_gives():

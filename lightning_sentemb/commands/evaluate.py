@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..data.paths import DATA_DIR_HELP
 from ..errors import SentEmbUserError
-from ..evaluation import EVALUATORS
+from ..evaluation import EVALUATORS, WHITEN_PER_TASK
 from . import TRUST_HELP, ArgumentParser
 
 if TYPE_CHECKING:
@@ -25,10 +25,12 @@ def evaluate_parser() -> ArgumentParser:
                         help="checkpoint (.ckpt), HF folder, hub name or pkg:MODULE")
     parser.add_argument("--name", nargs="+", help="one label per --model for tables and figures "
                         "(default: run folder + file stem, e.g. simcse/best)")
-    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2",
-                                             "echo_mean", "echo_last"],
-                        help="pooling for HF folders (checkpoints keep their own); default cls_before_pooler "
-                             "on encoders, last on decoder LLMs, echo_mean with --template")
+    parser.add_argument("--pooler", choices=["cls", "cls_before_pooler", "last", "avg", "avg_first_last",
+                                             "avg_emb_last", "avg_top2", "echo_mean", "echo_last"],
+                        help="pooling for HF folders (checkpoints keep their own, a sentence-transformers folder or "
+                             "export its modules.json's unless this is given); default cls_before_pooler on encoders, "
+                             "last on decoder LLMs, echo_mean with --template. avg_first_last averages the first "
+                             "transformer layer and the last, avg_emb_last the embedding output and the last")
     parser.add_argument("--template", default=None,
                         help="for HF folders: echo (echo embeddings: the sentence twice, pooled over the second copy), "
                              "or echo wording with [X] twice")
@@ -55,11 +57,14 @@ def evaluate_parser() -> ArgumentParser:
                              "dimensions, re-normalized), one row each (`MODEL @d`); the model is encoded once")
     parser.add_argument("--whiten", default=None, metavar="SOURCE",
                         help="BERT-whitening (Su et al., 2021): also score each model whitened, one more row "
-                             "(`MODEL whitened (SOURCE)`), μ and W fitted on SOURCE: task (each STS task on its own "
-                             "sentences), nli (corpora/nli_for_simcse.csv of the data directory) or a corpus file "
-                             "(one sentence a line, or an NLI csv)")
+                             "(`MODEL whitened (SOURCE)`), μ and W fitted on SOURCE: target (the reference's "
+                             "setting: each STS task on the pairs of all its splits, train + dev + test for STS-B and "
+                             "SICK-R), task (each STS task on its own test sentences), nli "
+                             "(corpora/nli_for_simcse.csv of the data directory) or a corpus file (one sentence a "
+                             "line, or an NLI csv)")
     parser.add_argument("--whiten-dim", type=int, default=None, metavar="K",
-                        help="keep K whitened dimensions (the paper's 256 or 384; default: all)")
+                        help="keep K whitened dimensions (the paper's 256 or 384; default: every direction the "
+                             "fit's embeddings span, all unless the model leaves some constant)")
     return parser
 
 
@@ -95,7 +100,7 @@ def evaluate(options: argparse.Namespace) -> None:
     plan = SuitePlan.load(evaluators, options.data_dir, options.max_examples)  # missing data: before any model loads
     mteb_tasks = mteb_plan(options.mteb)
     whitening_sentences = None
-    if options.whiten not in (None, "task"):
+    if options.whiten is not None and options.whiten not in WHITEN_PER_TASK:
         from ..evaluation.whitening import source_sentences
 
         whitening_sentences = source_sentences(options.whiten, options.data_dir)
@@ -163,36 +168,51 @@ def evaluate(options: argparse.Namespace) -> None:
 def check_whitening_options(options: argparse.Namespace, evaluators: list[str]) -> None:
     """`--whiten` and `--whiten-dim` that cannot work: one line, before any data or model loads."""
     if options.whiten_dim is not None and not options.whiten:
-        raise SentEmbUserError("--whiten-dim applies to a whitening: add --whiten task|nli|FILE")
+        raise SentEmbUserError("--whiten-dim applies to a whitening: add --whiten target|task|nli|FILE")
     if options.whiten and options.dims:
         raise SentEmbUserError("--whiten with --dims: the whitened dimensions are chosen by --whiten-dim K (the "
                                "paper's 256 or 384), not truncated; drop --dims")
-    if options.whiten == "task" and (options.mteb or set(evaluators) - {"sts"}):
-        raise SentEmbUserError("--whiten task fits each STS task on its own sentences; for transfer, clustering, "
-                               "analysis or --mteb fit once on a corpus: --whiten nli or --whiten FILE")
+    if options.whiten in WHITEN_PER_TASK and (options.mteb or set(evaluators) - {"sts"}):
+        raise SentEmbUserError(f"--whiten {options.whiten} fits each STS task on its own sentences; for transfer, "
+                               "clustering, analysis or --mteb fit once on a corpus: --whiten nli or --whiten FILE")
 
 
 def whitened_variant(label: str, encode: Callable, embedder: Embedder, plan: SuitePlan, options: argparse.Namespace,
                      sentences: list[str] | None) -> tuple[str, Embedder, SuitePlan, dict]:
     """The whitened row of a model: (name, embedder, plan, results marks), fitted on the source's sentences
-    now (their own encoding, not kept), or on each STS task's own (`--whiten task`)."""
+    now (their own encoding, not kept), or per STS task (`--whiten target|task`)."""
     from dataclasses import replace
 
-    from ..evaluation.whitening import check_whiten_dim, fit_whitening, self_whitened, whitened
+    from ..evaluation.suite import capped
+    from ..evaluation.whitening import (
+        check_whiten_dim,
+        fit_whitening,
+        own_sentences,
+        per_task_whitened,
+        target_sentences,
+        whitened,
+    )
     from ..loading import Embedder
 
-    k = check_whiten_dim(options.whiten_dim, embedder.size)
-    name = f"{label} whitened ({Path(options.whiten).name}{'' if options.whiten_dim is None else f', {k}d'})"
-    marks = {"whitened": {"source": options.whiten, "dim": k}}
-    if sentences is None:  # task: each STS task's own sentences, the fewest first checked
+    dim = options.whiten_dim
+    if dim is not None:
+        check_whiten_dim(dim, embedder.size)
+    name = f"{label} whitened ({Path(options.whiten).name}{'' if dim is None else f', {dim}d'})"
+    if sentences is None:  # per task: the fewest sentences checked first (task), the splits read first (target)
         fewest = min(len(set(task.first + task.second)) for task in plan.sts)
-        if fewest <= k:
-            raise SentEmbUserError(f"--whiten task: a task has {fewest} distinct sentences for {k} "
+        if options.whiten == "task" and dim is not None and fewest <= dim:
+            raise SentEmbUserError(f"--whiten task: a task has {fewest} distinct sentences for {dim} "
                                    "whitened dimensions; whitening needs more sentences than dimensions: set "
-                                   f"--whiten-dim below {fewest}, or fit on a corpus (--whiten nli|FILE)")
-        return name, Embedder(self_whitened(encode, k), k), replace(plan, sts_per_task=True), marks
+                                   f"--whiten-dim below {fewest}, leave it out, or fit on more sentences (--whiten "
+                                   "target|nli|FILE)")
+        fit_sentences = (target_sentences(plan.sts, options.data_dir, lambda split: capped(split, plan.max_examples))
+                         if options.whiten == "target" else own_sentences)
+        served = Embedder(per_task_whitened(encode, fit_sentences, dim, options.whiten), dim or embedder.size)
+        return name, served, replace(plan, sts_per_task=True), {"whitened": {"source": options.whiten, "dim": dim}}
     embeddings = embedder.encode(sentences, label=f"{label} · whitening: {len(sentences):,} sentences")
-    return name, Embedder(whitened(encode, fit_whitening(embeddings, k, options.whiten)), k), plan, marks
+    whitening = fit_whitening(embeddings, dim, options.whiten)
+    k = whitening.kernel.shape[1]
+    return name, Embedder(whitened(encode, whitening), k), plan, {"whitened": {"source": options.whiten, "dim": k}}
 
 
 def mteb_plan(spec: str | None) -> list:

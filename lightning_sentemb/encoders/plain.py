@@ -31,9 +31,12 @@ from .pretrained import load_config, load_pretrained
 
 log = logging.getLogger(__name__)
 
-POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_top2", "mask", "echo_mean", "echo_last")
+POOLERS = ("cls", "cls_before_pooler", "last", "avg", "avg_first_last", "avg_emb_last", "avg_top2", "mask", "echo_mean",
+           "echo_last")
 ECHO_POOLERS = ("echo_mean", "echo_last")  # read an echo template's second copy (`encoders.echo`)
-LAYER_POOLERS = ("avg_first_last", "avg_top2")  # read hidden_states of several layers
+LAYER_POOLERS = ("avg_first_last", "avg_emb_last", "avg_top2")  # read hidden_states of several layers
+# the state each layer pooler averages with the last layer's: `hidden_states[i]` (0 = the embedding output)
+FIRST_STATE = {"avg_first_last": 1, "avg_emb_last": 0, "avg_top2": -2}
 
 
 class PlainFormat:
@@ -106,7 +109,7 @@ def last_token_positions(attention_mask: Tensor) -> Tensor:
     return width - 1 - attention_mask.flip(1).argmax(1)
 
 
-def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_index: int = 1) -> Tensor:
+def pool(pooler: str, outputs: Any, features: dict[str, Tensor]) -> Tensor:
     """Sentence vector from backbone outputs.
 
     `features["attention_mask"]` must cover the sentence tokens only (never a prefix-extended mask).
@@ -114,9 +117,11 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     format put in `features["pool_position"]` (the [MASK] token, or a decoder template's last token).
     `echo_mean` / `echo_last`: the mean / the last token of an echo template's second copy
     (`features["echo_mask"]`, `encoders.echo`).
-    `avg_first_last` averages hidden_states[first_hidden_index] and the last layer:
-    index 1 (first transformer layer, default) follows BERT-whitening and SimCSE's current code;
-    index 0 (the embedding output) is what SimCSE's first release used.
+    The layer poolers average the last layer's states with those of another (`FIRST_STATE`), then the
+    tokens: `avg_first_last` the first transformer layer's (`hidden_states[1]`, BERT-whitening's and SimCSE's
+    current code), `avg_emb_last` the embedding output (`hidden_states[0]`, what SimCSE's first release
+    called first-last and what the seed tables' raw BERT row scored, SimCSE issue 285), `avg_top2` the
+    second-to-last layer's.
     """
     attention_mask = features["attention_mask"]
     hidden = outputs.last_hidden_state
@@ -133,12 +138,9 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
         return masked_mean(hidden, features["echo_mask"])
     if pooler == "echo_last":
         return hidden[rows, last_token_positions(features["echo_mask"])]
-    if pooler == "avg_first_last":
+    if pooler in FIRST_STATE:
         states = outputs.hidden_states
-        return masked_mean((states[first_hidden_index] + states[-1]) / 2.0, attention_mask)
-    if pooler == "avg_top2":
-        states = outputs.hidden_states
-        return masked_mean((states[-1] + states[-2]) / 2.0, attention_mask)
+        return masked_mean((states[FIRST_STATE[pooler]] + states[-1]) / 2.0, attention_mask)
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 
@@ -210,7 +212,6 @@ class Encoder(nn.Module):
         backbone: str,
         pooler: str = "cls",
         with_mlm_head: bool = False,
-        first_hidden_index: int = 1,
         with_lm_head: bool = False,
     ) -> None:
         super().__init__()
@@ -225,7 +226,6 @@ class Encoder(nn.Module):
                                    "model.init_args.template echo")
         self.name_or_path = backbone
         self.pooler = pooler
-        self.first_hidden_index = first_hidden_index
         family = family_of(load_config(backbone))
         refusal = (family.pooler_refusal(pooler) or (family.mlm_refusal() if with_mlm_head else None)
                    or (family.lm_refusal() if with_lm_head else None))
@@ -356,7 +356,7 @@ class Encoder(nn.Module):
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """(sentences, hidden): the pooled state of every input row, combined by `combine_rows`."""
-        rows = pool(self.pooler, self.run_backbone(features), features, self.first_hidden_index)
+        rows = pool(self.pooler, self.run_backbone(features), features)
         return self.combine_rows(rows, features)
 
     # Feature keys that describe the whole batch rather than one row (read by `combine_rows`):

@@ -15,6 +15,8 @@ EVALUATORS = ("sts", "transfer", "fewshot", "cluster", "analysis")
 # the folds of the transfer cross-validations in SentEval's full mode (the papers' tables); SimCSE's
 # evaluation during training takes 5 (`data.val_transfer_kfold`)
 SENTEVAL_KFOLD = 10
+# the `--whiten` sources fitted once per STS task (`evaluation.whitening`); any other is one fit on a corpus
+WHITEN_PER_TASK = ("target", "task")
 
 
 class UnknownEvaluatorError(SentEmbUserError, ValueError):

@@ -46,11 +46,12 @@ def evaluate_sts(
     per_task: bool = False,
 ) -> dict[str, float]:
     """{task: Spearman ×100, ..., 'avg': mean over tasks}. Each distinct sentence is encoded once, all in
-    one call of `encode`, or with `per_task` one call per task (a whitening fitted on each task's own)."""
+    one call of `encode`, or with `per_task` one call per task, `encode(sentences, task=NAME)` (a whitening
+    fitted on each task's own, `evaluation.whitening.per_task_whitened`)."""
     scores: dict[str, float] = {}
     for group in ([task] for task in tasks) if per_task else [tasks]:
         sentences = list(dict.fromkeys(s for task in group for s in task.first + task.second))
-        embeddings = encode(sentences)
+        embeddings = encode(sentences, task=group[0].name) if per_task else encode(sentences)
         row = {s: i for i, s in enumerate(sentences)}
         for task in group:
             first = embeddings[[row[s] for s in task.first]]

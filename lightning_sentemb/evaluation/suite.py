@@ -135,8 +135,8 @@ def evaluate_suite(
 
     plan = evaluators if isinstance(evaluators, SuitePlan) else SuitePlan.load(evaluators, data_dir)
 
-    def labelled(label: str) -> Callable[[list[str]], torch.Tensor]:
-        return lambda sentences: encode(list(sentences), label=f"{name} · {label}")
+    def labelled(label: str) -> Callable[..., torch.Tensor]:  # other keywords go on (`evaluate_sts`'s task)
+        return lambda sentences, **kwargs: encode(list(sentences), label=f"{name} · {label}", **kwargs)
 
     def numpy(evaluator: str) -> TaskLabelledEncode:
         return TaskLabelledEncode(lambda sentences, label: encode(list(sentences), label=label).float().cpu().numpy(),

@@ -11,13 +11,14 @@ import torch
 from safetensors.torch import save_file
 
 from ..encoders.lora import save_backbone
+from ..encoders.plain import FIRST_STATE
 from ..errors import SentEmbUserError
 
 if TYPE_CHECKING:
     from .protocol import ExportableMethod
 
 ST_POOLING = {"cls": "cls", "cls_before_pooler": "cls", "last": "lasttoken", "avg": "mean", "avg_first_last": "mean",
-              "avg_top2": "mean"}
+              "avg_emb_last": "mean", "avg_top2": "mean"}
 
 
 def write_json(path: Path, content: dict | list) -> None:
@@ -28,13 +29,11 @@ def write_json(path: Path, content: dict | list) -> None:
 
 def _layer_weights(method: ExportableMethod) -> tuple[int, list[float]] | None:
     """(first layer, weights) for sentence-transformers' WeightedLayerPooling, or None."""
-    layers = method.encoder.backbone.config.num_hidden_layers
-    if method.hparams.pooler == "avg_first_last":
-        first = method.encoder.first_hidden_index
-        return first, [1.0] + [0.0] * (layers - first - 1) + [1.0]
-    if method.hparams.pooler == "avg_top2":
-        return layers - 1, [1.0, 1.0]
-    return None
+    if method.hparams.pooler not in FIRST_STATE:
+        return None
+    layers = method.encoder.backbone.config.num_hidden_layers  # hidden_states has layers + 1 entries
+    first = FIRST_STATE[method.hparams.pooler] % (layers + 1)
+    return first, [1.0] + [0.0] * (layers - first - 1) + [1.0]
 
 
 def write_plain_export(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:
@@ -98,7 +97,20 @@ def append_module(folder: Path, kind: str, module: torch.nn.Module) -> None:
     path = f"{len(modules)}_{kind}"
     (folder / path).mkdir()
     module.save(str(folder / path))
-    modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
-                    "type": f"{type(module).__module__}.{type(module).__qualname__}"})
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": path, "type": module_path(type(module))})
     write_json(folder / "modules.json", modules)
+
+
+def module_path(cls: type) -> str:
+    """The import path modules.json names `cls` by: sentence-transformers' own modules by their public
+    `sentence_transformers.models.<Name>`, which every sentence-transformers since 2 imports (their defining
+    module, e.g. `sentence_transformers.base.modules.dense`, is sentence-transformers 6's layout); ours by
+    their own."""
+    if cls.__module__.split(".")[0] == "sentence_transformers":
+        from sentence_transformers import models
+
+        if getattr(models, cls.__name__, None) is not cls:
+            raise ValueError(f"{cls.__qualname__} is not in sentence_transformers.models: no public path to write")
+        return f"sentence_transformers.models.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 

@@ -13,8 +13,7 @@ from torch import nn
 from ..evaluation.whitening import Whitening
 from .plain import append_module
 
-# the module's folder, `<index>_Whitening`: `loading.is_our_export` knows it by this name (`WHITENING_MODULE`;
-# exports do not import `loading`)
+# the module's folder, `<index>_Whitening`: what `sentemb evaluate --pooler` on the export calls it
 WHITENING_MODULE = "Whitening"
 
 

@@ -49,8 +49,8 @@ class SentEmbMethod(LightningModule):
         backbone: Hugging Face hub name, local folder or `pkg:MODULE`: a BERT-family, ModernBERT or
             decoder-LLM checkpoint (`lightning_sentemb.backbones`; pairs that cannot work are refused
             with one line).
-        pooler: cls | cls_before_pooler | last | avg | avg_first_last | avg_top2 (template methods:
-            mask); None = the family's default, cls for encoders and last for decoders.
+        pooler: cls | cls_before_pooler | last | avg | avg_first_last | avg_emb_last | avg_top2 (template
+            methods: mask); None = the family's default, cls for encoders and last for decoders.
         dropout: every dropout probability of the backbone's config (None = the checkpoint's). Decoder
             LLMs and ModernBERT ship with 0, which makes unsupervised SimCSE's two views identical.
         matryoshka_dims: Matryoshka training (e.g. [768, 512, 256, 128, 64]): the method's loss on the first

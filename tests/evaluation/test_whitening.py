@@ -40,11 +40,31 @@ def test_transform_equals_the_papers_equations(k):
 
 def test_a_fit_needs_more_sentences_than_dimensions():
     with pytest.raises(SentEmbUserError, match="--whiten corpus.txt: 8 sentence.s. for 8 whitened dimensions") as error:
-        fit_whitening(torch.randn(8, 8), source="corpus.txt")
+        fit_whitening(torch.randn(8, 8), 8, source="corpus.txt")
     assert "\n" not in str(error.value)
     assert fit_whitening(torch.randn(8, 8), dim=4).kernel.shape == (8, 4)
-    with pytest.raises(SentEmbUserError, match="span fewer than 8 directions"):
-        fit_whitening(torch.randn(4, 8).repeat(5, 1))
+    with pytest.raises(SentEmbUserError, match=r"span fewer than 8 directions \(3: .*--whiten-dim 3 or less"):
+        fit_whitening(torch.randn(4, 8).repeat(5, 1), 8)
+
+
+def test_without_a_dim_the_whitening_keeps_the_span_of_the_sentences_and_says_so():
+    """Two of eight dimensions constant (as MiniLM leaves three under avg): k = 6, the rank of Σ, and the
+    six whitened dimensions are white; the same fit as an explicit 6, up to each eigenvector's sign."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((40, 8)) @ rng.standard_normal((8, 8))
+    x[:, 2], x[:, 5] = 0.5, -1.0
+    said = []
+    whitening = fit_whitening(torch.from_numpy(x), source="task", say=said.append)
+    assert whitening.kernel.shape == (8, 6)
+    assert said == ["--whiten task: the 40 sentences' embeddings span 6 of 8 directions; whitened within them, "
+                    "6 dimensions (--whiten-dim K keeps K ≤ 6)"]
+    white = whitening(torch.from_numpy(x)).double().numpy()
+    np.testing.assert_allclose(np.cov(white.T, bias=True), np.eye(6), atol=1e-5)
+    explicit = fit_whitening(torch.from_numpy(x), 6, say=said.append)
+    np.testing.assert_allclose(np.abs(explicit.kernel.numpy()), np.abs(whitening.kernel.numpy()), atol=1e-9)
+    assert len(said) == 1  # an explicit k says nothing
+    full = fit_whitening(torch.randn(40, 8), say=said.append)
+    assert full.kernel.shape == (8, 8) and len(said) == 1
 
 
 def test_evaluate_prints_sts_with_and_without_whitening_each_task_its_own(tiny_bert, sts_fixture, tmp_path, capsys):
@@ -70,11 +90,71 @@ def test_evaluate_prints_sts_with_and_without_whitening_each_task_its_own(tiny_b
     assert results[whitened]["sts"]["STSBenchmark"] != results[raw]["sts"]["STSBenchmark"]
 
 
+@pytest.fixture()
+def target_data(sts_fixture, tmp_path):
+    """The STS fixture whose STS-B train split holds sentences of its own (the fixture's splits are copies)."""
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(sts_fixture, root)
+    words = ["a girl reads a book", "two men ride horses", "the river floods", "an old man sings", "a boy jumps"]
+    rows = [f"main-captions\tMSRvid\t2012train\t{i:04d}\t{i % 5}.0\t{words[i % 5]} now\t{words[(i + 2) % 5]} {i}"
+            for i in range(30)]
+    (root / "senteval/downstream/STS/STSBenchmark/sts-train.csv").write_text("\n".join(rows) + "\n")
+    return root
+
+
+def test_target_fits_each_task_on_every_pair_of_its_splits(tiny_bert, target_data, tmp_path, capsys):
+    """BERT-whitening's "target" (eng/eval.py, compute_kernel_bias): STS-B fitted on both sides of every pair of
+    train, dev and test, repeats counted; an STS year on its test pairs. Computed here with numpy. (4 dimensions:
+    the fixture's 16 sentences span 5 clear ones; a direction of variance 1e-7 would amplify rounding.)"""
+    from lightning_sentemb.data.senteval import load_sts_task, read_stsb
+    from lightning_sentemb.evaluation.sts import spearman
+    from lightning_sentemb.loading import load_method
+
+    output = tmp_path / "results.json"
+    main(["evaluate", "--model", tiny_bert, "--pooler", "avg", "--data-dir", str(target_data), "--whiten", "target",
+          "--whiten-dim", "4", "--output", str(output)])
+    results = json.loads(output.read_text())
+    raw, whitened = results
+    assert whitened == f"{raw} whitened (target, 4d)" and results[whitened]["whitened"] == {"source": "target",
+                                                                                          "dim": 4}
+    method = load_method(tiny_bert, "avg")
+    stsb = target_data / "senteval/downstream/STS/STSBenchmark"
+    for name, splits in [("STSBenchmark", [read_stsb(stsb / f"sts-{split}.csv") for split in ("test", "train", "dev")]),
+                         ("STS12", [load_sts_task("STS12", target_data)])]:
+        task = splits[0]
+        fit = [s for split in splits for s in split.first + split.second]
+        distinct = list(dict.fromkeys(fit))  # a sentence is one row (its pairs' cosines tie exactly, as scored)
+        rows = dict(zip(distinct, method.encode(distinct).double().numpy(), strict=True))
+        mean, kernel, _ = papers_whitening(np.array([rows[s] for s in fit]), 4)
+        first, second = ((np.array([rows[s] for s in side]) - mean) @ kernel for side in (task.first, task.second))
+        cosines = (first * second).sum(1) / np.linalg.norm(first, axis=1) / np.linalg.norm(second, axis=1)
+        cosines = cosines.round(6)  # a repeated pair's cosines tie (BLAS may differ in the last bit by row)
+        assert results[whitened]["sts"][name] == pytest.approx(100 * spearman(cosines, task.gold), abs=1e-4), name
+    task_mode = tmp_path / "task.json"
+    main(["evaluate", "--model", tiny_bert, "--pooler", "avg", "--data-dir", str(target_data), "--whiten", "task",
+          "--whiten-dim", "4", "--output", str(task_mode)])
+    by_task = json.loads(task_mode.read_text())[f"{raw} whitened (task, 4d)"]["sts"]
+    assert by_task["STSBenchmark"] != pytest.approx(results[whitened]["sts"]["STSBenchmark"], abs=1e-3)
+
+
+def test_target_without_a_train_split_is_one_line(tiny_bert, target_data, capsys):
+    (target_data / "senteval/downstream/SICK/SICK_train.txt").unlink()
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--model", tiny_bert, "--pooler", "avg", "--data-dir", str(target_data),
+              "--whiten", "target"])
+    err = capsys.readouterr().err.strip()
+    assert "--whiten target: SICKRelatedness's split" in err and "SICK_train.txt" in err and "\n" not in err
+
+
 @pytest.mark.parametrize(("args", "message"), [
-    (["--whiten", "task"], "--whiten task: a task has 16 distinct sentences for 32 whitened dimensions"),
-    (["--whiten-dim", "8"], "--whiten-dim applies to a whitening: add --whiten task|nli|FILE"),
+    (["--whiten", "task", "--whiten-dim", "32"], "--whiten task: a task has 16 distinct sentences for 32 whitened "
+                                                 "dimensions"),
+    (["--whiten-dim", "8"], "--whiten-dim applies to a whitening: add --whiten target|task|nli|FILE"),
     (["--whiten", "task", "--tasks", "sts,transfer"], "--whiten task fits each STS task on its own sentences"),
-    (["--whiten", "nope.txt"], "--whiten nope.txt: no such file; give task, nli or a corpus file"),
+    (["--whiten", "target", "--mteb", "STS12"], "--whiten target fits each STS task on its own sentences"),
+    (["--whiten", "nope.txt"], "--whiten nope.txt: no such file; give target, task, nli or a corpus file"),
 ])
 def test_whitening_options_that_cannot_work_are_one_line(args, message, tiny_bert, sts_fixture, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -101,6 +181,9 @@ def test_export_writes_the_whitening_as_sentence_transformers_own_module(tiny_be
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(load_embedder(str(folder)).encode(sentences), want, atol=1e-5, rtol=1e-5)
     assert "## Whitening" in (folder / "README.md").read_text()
+    # the public path sentence-transformers 3-5 import too, not sentence-transformers 6's module of the class
+    assert [entry["type"] for entry in json.loads((folder / "modules.json").read_text())][-1] == \
+        "sentence_transformers.models.Dense"
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["export", tiny_bert, str(tmp_path / "other"), "--whiten", "task"])
