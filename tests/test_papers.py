@@ -124,7 +124,7 @@ def test_each_first_stage_has_its_own_root_and_exports_there():
         stages[row.name] = root
     assert sorted(stages) == ["consert_sup", "sbert_flow", "sbert_whitening"]
     assert PAPERS["sbert_whitening"].command.endswith(
-        "sentemb evaluate --model out/reproduce/sbert_whitening/stage-1-sbert_sup/export --pooler avg --whiten nli")
+        "sentemb evaluate --model out/reproduce/sbert_whitening/stage-1-sbert_sup/export --whiten target")
 
 
 def test_a_config_root_is_written_by_one_command_and_conpvps_own_runs_read_it():
