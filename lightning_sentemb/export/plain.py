@@ -29,10 +29,10 @@ def write_json(path: Path, content: dict | list) -> None:
 def _layer_weights(method: ExportableMethod) -> tuple[int, list[float]] | None:
     """(first layer, weights) for sentence-transformers' WeightedLayerPooling, or None."""
     layers = method.encoder.backbone.config.num_hidden_layers
-    if method.hparams.pooler == "avg_first_last":
+    if method.encoder.pooler == "avg_first_last":
         first = method.encoder.first_hidden_index
         return first, [1.0] + [0.0] * (layers - first - 1) + [1.0]
-    if method.hparams.pooler == "avg_top2":
+    if method.encoder.pooler == "avg_top2":
         return layers - 1, [1.0, 1.0]
     return None
 
@@ -61,7 +61,7 @@ def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[
     """Append the sentence-transformers modules of the method's pooler (WeightedLayerPooling, Pooling,
     and the evaluation-time MLP as Dense) after the token-embedding module(s) in `modules`, then write
     modules.json. Shared by every export whose first module yields sentence-only token embeddings."""
-    pooler = method.hparams.pooler
+    pooler = method.encoder.pooler  # a method may pool otherwise at test (ConSERT: test_pooler)
     if pooler not in ST_POOLING:
         raise SentEmbUserError(f"{type(method).__name__} with pooler {pooler!r} has no sentence-transformers "
                                "export yet")
