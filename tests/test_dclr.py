@@ -220,3 +220,14 @@ def test_a_fit_off_its_global_batch_stops_in_one_line(tiny_bert):
         fit_on(1, 64)
     with pytest.raises(SentEmbUserError, match="train on a number of devices that divides 256"):
         fit_on(3, 64)
+
+
+def test_reference_objective_has_finite_gradients_when_the_positive_takes_all_the_mass():
+    """At τ 0.01 the positive's probability is 1 in fp32 (the code's loss sits near 1e-7): the gradient stays
+    finite (log(1 − p) is taken of the negatives only)."""
+    from lightning_sentemb.losses.dclr import dclr_loss
+
+    anchors = torch.eye(2, requires_grad=True)
+    loss = dclr_loss(anchors, torch.eye(2), torch.empty(0, 2), torch.arange(2), 0.01, objective="reference")
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(anchors.grad).all()
