@@ -64,10 +64,13 @@ MIXCSE_SETTINGS = [
 ]
 
 DCLR = "RUCAIBox/DCLR/"
+DCLR_RUN = {  # config: run.sh's lines for it
+    "dclr_bert_large": dict(batch=77, lr=78, phi=88, noise=89, fp16=94, epochs=76),
+    "dclr_roberta_base": dict(batch=43, lr=44, phi=54, noise=55, fp16=60, epochs=42),
+}
 DCLR_SETTINGS = [
     setting
-    for config, lines in {"dclr_bert_large": dict(batch=77, lr=78, phi=88, noise=89, metric=81, fp16=94, epochs=76),
-                          "dclr_roberta_base": dict(batch=43, lr=44, phi=54, noise=55, metric=47, fp16=60, epochs=42)}.items()
+    for config, lines in DCLR_RUN.items()
     for large in [config == "dclr_bert_large"]
     for setting in rows(
         config,
