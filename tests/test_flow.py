@@ -195,3 +195,6 @@ def test_labelled_pairs_are_two_sentences_a_pair_as_the_reference_reads_them(tin
     assert pairs["num_views"] == 2 and torch.equal(pairs["features"]["input_ids"], want["input_ids"])
     triples = method.collate([{"sent0": ids[0], "sent1": ids[1], "hard_neg": ids[2]}])
     assert triples["num_views"] == 3 and triples["features"]["input_ids"].size(0) == 3
+    method.collator.check_columns(["premise", "hypothesis", "label"], "allnli_pairs.csv")  # a corpus it reads
+    with pytest.raises(SentEmbUserError, match="x.csv: the corpus has no column sent0"):
+        method.collator.check_columns(["text"], "x.csv")

@@ -62,6 +62,13 @@ class FlowSentences(Collator):
     """Every sentence of the batch is a row: the corpus line, both sentences of a labelled NLI pair (the
     reference's pairs: a batch of 32 pairs is 64 sentences), or each column of SimCSE's NLI csv."""
 
+    corpus_hint = ("one sentence a line (.txt), labelled NLI pairs (premise,hypothesis,label) or a csv with sent0 "
+                   "(SimCSE's NLI columns too)")
+
+    def check_columns(self, columns: list[str], source: str) -> None:
+        if LABELLED_COLUMNS[0] not in columns:
+            super().check_columns(columns, source)
+
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
         first = examples[0]
         columns = (list(LABELLED_COLUMNS[:2]) if LABELLED_COLUMNS[0] in first else
