@@ -52,11 +52,10 @@ from ..grad_cache import chunk_spans, rows_of
 from ..losses.info_nce import info_nce
 from .base import SentEmbMethod
 from .collator import Collator
-from .momentum import EmbeddingQueue, MomentumEncoder
+from .momentum import EmbeddingQueue, MomentumEncoder, MomentumInit
 
 DupRule = Literal["paper", "reference"]
 DupUnit = Literal["subword", "word"]
-MomentumInit = Literal["copy", "fresh"]
 REFERENCE_MAX_REPEATS = 10  # the reference's cap on the repeated tokens (words) of a sentence
 
 

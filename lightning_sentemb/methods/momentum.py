@@ -6,7 +6,7 @@ carry them, and outside the encoder, so exports leave them out."""
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,8 @@ from torch.func import functional_call
 
 from ..encoders.plain import Encoder
 from ..errors import SentEmbUserError
+
+MomentumInit = Literal["copy", "fresh"]
 
 
 def buffer_name(parameter: str) -> str:
@@ -34,7 +36,7 @@ class MomentumEncoder(nn.Module):
     random since the checkpoint has no `momentum_model.*` keys).
     """
 
-    def __init__(self, encoder: Encoder, momentum: float, start: str = "copy") -> None:
+    def __init__(self, encoder: Encoder, momentum: float, start: MomentumInit = "copy") -> None:
         super().__init__()
         self.momentum = momentum
         self.names = [name for name, p in encoder.named_parameters() if p.requires_grad]
