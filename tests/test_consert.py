@@ -258,3 +258,32 @@ def test_the_sts_sentences_are_a_training_corpus(sts_fixture, tmp_path):
     missing = SentEmbDataModule(train_file="senteval:sts", data_dir=str(tmp_path / "none"), cache_dir=str(tmp_path))
     with pytest.raises(SentEmbUserError, match="--data.data_dir"):
         missing.train_path()
+
+
+def test_test_pooler_scores_test_encode_and_the_export_while_the_fit_pools_as_it_trains(tiny_bert, tmp_path):
+    """`test_pooler: avg_top2` (the reference's `--last2avg` test): outside a fit `encode` and the export read
+    the mean of the last two layers' token states; inside a fit the encoder pools with `pooler` (avg)."""
+    from types import SimpleNamespace
+
+    from sentence_transformers import SentenceTransformer
+
+    from lightning_sentemb.export import export
+
+    method = build_method(ConSERT, tiny_bert, test_pooler="avg_top2").eval()
+    features = method.sentence_features(SENTENCES)
+    with torch.no_grad():
+        states = method.encoder.backbone(input_ids=features["input_ids"], attention_mask=features["attention_mask"],
+                                         output_hidden_states=True).hidden_states
+        mask = features["attention_mask"][..., None].float()
+        last_two = (((states[-1] + states[-2]) / 2) * mask).sum(1) / mask.sum(1)
+        last = (states[-1] * mask).sum(1) / mask.sum(1)
+        torch.testing.assert_close(method.encode(SENTENCES), last_two, atol=1e-5, rtol=1e-5)
+        model = SentenceTransformer(str(export(method, tmp_path / "export")), device="cpu")
+        torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), last_two, atol=1e-5, rtol=1e-5)
+        method._trainer = SimpleNamespace(strategy=SimpleNamespace(model=None))
+        method.on_fit_start()
+        torch.testing.assert_close(method.encode_batch(SENTENCES), last, atol=1e-5, rtol=1e-5)
+        method.on_fit_end()
+        torch.testing.assert_close(method.encode_batch(SENTENCES), last_two, atol=1e-5, rtol=1e-5)
+    with pytest.raises(SentEmbUserError, match="test_pooler: 'mask' is no plain pooler"):
+        build_method(ConSERT, tiny_bert, test_pooler="mask")

@@ -188,3 +188,46 @@ def test_lora_trains_the_adapters_only(tiny_bert):
     trained = {name for name, p in method.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     assert trained and all("lora_" in name or name.startswith("mlp.") for name in trained)
     assert any("lora_" in name for name in trained)
+
+
+def test_reference_objective_keeps_the_positive_in_the_denominator_by_hand():
+    """Two anchors on orthogonal unit vectors, their positives the same vectors, no noise, τ 1: each row's
+    logits are [1, 0]. The paper's Eq. 6 (positive in the numerator only): log e⁰ − 1 = −1, below zero.
+    The code's: softmax p = [e, 1]/(e + 1) with the positive in the denominator, −log p₊ = −log(1 − p₋) =
+    log(1 + e⁻¹), and the mean over the 2 × 2 entries is that."""
+    from lightning_sentemb.losses.dclr import dclr_loss
+
+    eye = torch.eye(2, dtype=torch.float64)
+    args = (eye, eye, torch.empty(0, 2, dtype=torch.float64), torch.arange(2), 1.0)
+    torch.testing.assert_close(dclr_loss(*args, objective="paper"), torch.tensor(-1.0, dtype=torch.float64))
+    want = torch.log1p(torch.exp(torch.tensor(-1.0, dtype=torch.float64)))
+    torch.testing.assert_close(dclr_loss(*args, objective="reference"), want)
+
+
+def test_a_fit_off_its_global_batch_stops_in_one_line(tiny_bert):
+    """`global_batch` 256: 256 on one device or 64 on four trains, 64 on one stops naming data.batch_size."""
+    method = build_method(DCLR, tiny_bert, global_batch=256)
+
+    def fit_on(devices: int, batch_size: int) -> None:
+        method._trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), world_size=devices, precision="32-true",
+                                          datamodule=SimpleNamespace(hparams=SimpleNamespace(batch_size=batch_size)),
+                                          strategy=None, gradient_clip_val=None, accumulate_grad_batches=1)
+        method.configure_callbacks()
+
+    fit_on(1, 256)
+    fit_on(4, 64)
+    with pytest.raises(SentEmbUserError, match=r"global_batch 256: .* = 64; set data.batch_size 256$"):
+        fit_on(1, 64)
+    with pytest.raises(SentEmbUserError, match="train on a number of devices that divides 256"):
+        fit_on(3, 64)
+
+
+def test_reference_objective_has_finite_gradients_when_the_positive_takes_all_the_mass():
+    """At τ 0.01 the positive's probability is 1 in fp32 (the code's loss sits near 1e-7): the gradient stays
+    finite (log(1 − p) is taken of the negatives only)."""
+    from lightning_sentemb.losses.dclr import dclr_loss
+
+    anchors = torch.eye(2, requires_grad=True)
+    loss = dclr_loss(anchors, torch.eye(2), torch.empty(0, 2), torch.arange(2), 0.01, objective="reference")
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(anchors.grad).all()

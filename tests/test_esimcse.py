@@ -204,6 +204,32 @@ def test_gradient_caching_is_exact_and_takes_the_same_momentum_step(tiny_bert) -
         torch.testing.assert_close(dict(cached.named_buffers())[name], tensor, rtol=1e-12, atol=1e-12, msg=name)
 
 
+def test_fresh_momentum_encoder_is_the_architectures_initialization(tiny_bert) -> None:
+    """`momentum_init: fresh` (the reference's re-initialized copy): LayerNorm 1 and 0, biases 0, linear and
+    embedding weights N(0, initializer_range²) drawn anew; the encoder keeps its pretrained weights and
+    "copy" starts from them."""
+    torch.manual_seed(0)
+    fresh = build_method(ESimCSE, tiny_bert, queue_size=10, momentum_init="fresh")
+    copied = build_method(ESimCSE, tiny_bert, queue_size=10)
+    std = fresh.encoder.backbone.config.initializer_range
+    encoder = dict(fresh.encoder.named_parameters())
+    for name, tensor in zip(fresh.momentum_encoder.names, fresh.momentum_encoder.averages(), strict=True):
+        assert torch.equal(dict(copied.encoder.named_parameters())[name], encoder[name])
+        module = fresh.encoder.get_submodule(name.rpartition(".")[0])
+        if isinstance(module, torch.nn.LayerNorm):
+            assert torch.all(tensor == (1.0 if name.endswith("weight") else 0.0)), name
+        elif name.endswith("bias"):
+            assert not tensor.any(), name
+        else:
+            assert not torch.equal(tensor, encoder[name]), name
+            bound = 4 * std / tensor.numel() ** 0.5  # four standard errors of the sample's mean and std
+            assert abs(float(tensor.std()) - std) < bound and abs(float(tensor.mean())) < bound, name
+    for name, tensor in zip(copied.momentum_encoder.names, copied.momentum_encoder.averages(), strict=True):
+        assert torch.equal(tensor, encoder[name]), name
+    with pytest.raises(SentEmbUserError, match="momentum_init must be one of copy, fresh"):
+        build_method(ESimCSE, tiny_bert, momentum_init="random")
+
+
 def test_lora_momentum_copy_is_the_adapters_alone(tiny_bert) -> None:
     lora = {"r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": "all-linear"}
     method = momentum_method(tiny_bert, lora=lora)

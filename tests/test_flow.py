@@ -182,3 +182,19 @@ def test_export_serves_the_flow_through_sentence_transformers_and_evaluate(tiny_
     model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
     torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(load_embedder(str(folder)).encode(SENTENCES), want, atol=1e-5, rtol=1e-5)
+
+
+def test_labelled_pairs_are_two_sentences_a_pair_as_the_reference_reads_them(tiny_bert):
+    """A batch of labelled NLI pairs (`allnli_pairs.csv`) is its premises then its hypotheses, 2 rows a pair
+    (the reference's 32 pairs: 64 sentences), the label unused; SimCSE's NLI csv gives every column."""
+    method = flow_method(tiny_bert)
+    ids = method.encoder.format.sentence_ids(SENTENCES[:4])
+    pairs = method.collate([{"premise": ids[0], "hypothesis": ids[1], "label": 0},
+                            {"premise": ids[2], "hypothesis": ids[3], "label": 2}])
+    want = method.encoder.format.build([ids[0], ids[2], ids[1], ids[3]], max_length=None)
+    assert pairs["num_views"] == 2 and torch.equal(pairs["features"]["input_ids"], want["input_ids"])
+    triples = method.collate([{"sent0": ids[0], "sent1": ids[1], "hard_neg": ids[2]}])
+    assert triples["num_views"] == 3 and triples["features"]["input_ids"].size(0) == 3
+    method.collator.check_columns(["premise", "hypothesis", "label"], "allnli_pairs.csv")  # a corpus it reads
+    with pytest.raises(SentEmbUserError, match="x.csv: the corpus has no column sent0"):
+        method.collator.check_columns(["text"], "x.csv")

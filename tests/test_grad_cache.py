@@ -59,6 +59,9 @@ METHODS = {
     "sbert": lambda path: build_method(methods.SBERT, path),
     # the classifier beside NT-Xent within the premises and within the hypotheses, the edits sliced by chunk
     "consert_joint": lambda path: build_method(methods.ConSERTJoint, path, augmentations=["token_cutoff", "shuffle"]),
+    # DCLR's noise (ascended against the whole batch) and a complementary model's weights (its BERT-large config
+    # names grad_cache_chunk for GPUs too small for the reference's global batch)
+    "dclr": lambda path: build_method(methods.DCLR, path, objective="reference", guide={"model": path}),
     # MixCSE's mixed negatives (ESimCSE's momentum step: tests/test_esimcse.py)
     "mixcse_matryoshka": lambda path: build_method(MixCSE, path, num_mixed=2, matryoshka_dims=[32, 8]),
 }

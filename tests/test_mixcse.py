@@ -164,3 +164,23 @@ def test_the_export_loads_in_sentence_transformers_and_automodel(tiny_bert, tmp_
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), method.encode(sentences),
                                atol=1e-5, rtol=1e-5)
     assert AutoModel.from_pretrained(folder).config.model_type == "bert"
+
+
+def test_val_mlp_applies_the_mlp_in_validation_only(tiny_bert) -> None:
+    """`val_mlp` (the reference's selection): validation reads MLP(pooled), test and `encode` the pooled
+    vector; without it validation reads the pooled vector too."""
+    sentences = ["a dog runs", "the sun shines"]
+    method = build_method(MixCSE, tiny_bert, val_mlp=True).eval()
+    with torch.no_grad():
+        pooled = method.encoder({k: v for k, v in method.sentence_features(sentences).items()})
+        method._trainer = SimpleNamespace(validating=True, sanity_checking=False)
+        torch.testing.assert_close(method.encode_batch(sentences), method.mlp(pooled))
+        method.hparams.val_mlp = False
+        torch.testing.assert_close(method.encode_batch(sentences), pooled)
+        method.hparams.val_mlp = True
+        method._trainer = SimpleNamespace(validating=False, sanity_checking=False)  # testing
+        torch.testing.assert_close(method.encode_batch(sentences), pooled)
+        method._trainer = None
+        torch.testing.assert_close(method.encode_batch(sentences), pooled)
+    with pytest.raises(SentEmbUserError, match="val_mlp validates through the MLP"):
+        build_method(MixCSE, tiny_bert, val_mlp=True, mlp="always")

@@ -282,7 +282,8 @@ def _needs_our_code(folder: Path) -> bool:
 def _embedding_lines(method: ExportableMethod) -> list[str]:
     hp = method.hparams
     readout = "last token" if method.encoder.family.template_readout == "last" else "mask token"
-    pooling = f"the hidden state at the template's {readout}" if hp.pooler == "mask" else f"`{hp.pooler}` pooling"
+    pooler = method.encoder.pooler  # at inference (ConSERT's test_pooler may differ from training's)
+    pooling = f"the hidden state at the template's {readout}" if pooler == "mask" else f"`{pooler}` pooling"
     lines = [f"- Pooling: {pooling}; {'a Linear+Tanh layer after it' if method.eval_mlp is not None else 'no MLP'} "
              f"at inference (training MLP: `{hp.mlp}`).",
              f"- Dimension: {method.output_size}; inputs truncated at {method.eval_length} tokens."]

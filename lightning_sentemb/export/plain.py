@@ -29,10 +29,10 @@ def write_json(path: Path, content: dict | list) -> None:
 
 def _layer_weights(method: ExportableMethod) -> tuple[int, list[float]] | None:
     """(first layer, weights) for sentence-transformers' WeightedLayerPooling, or None."""
-    if method.hparams.pooler not in FIRST_STATE:
+    if method.encoder.pooler not in FIRST_STATE:
         return None
     layers = method.encoder.backbone.config.num_hidden_layers  # hidden_states has layers + 1 entries
-    first = FIRST_STATE[method.hparams.pooler] % (layers + 1)
+    first = FIRST_STATE[method.encoder.pooler] % (layers + 1)
     return first, [1.0] + [0.0] * (layers - first - 1) + [1.0]
 
 
@@ -60,7 +60,7 @@ def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[
     """Append the sentence-transformers modules of the method's pooler (WeightedLayerPooling, Pooling,
     and the evaluation-time MLP as Dense) after the token-embedding module(s) in `modules`, then write
     modules.json. Shared by every export whose first module yields sentence-only token embeddings."""
-    pooler = method.hparams.pooler
+    pooler = method.encoder.pooler  # a method may pool otherwise at test (ConSERT: test_pooler)
     if pooler not in ST_POOLING:
         raise SentEmbUserError(f"{type(method).__name__} with pooler {pooler!r} has no sentence-transformers "
                                "export yet")

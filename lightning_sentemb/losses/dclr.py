@@ -80,4 +80,7 @@ def dclr_loss(
         terms = negatives - logits.gather(1, labels[:, None])[:, 0]
         return torch.where(negatives.isneginf(), torch.zeros_like(terms), terms).mean()
     log_p = torch.log_softmax(logits.masked_fill(dropped, 0.0), dim=1)
-    return -torch.where(positive, log_p, torch.log1p(-log_p.exp())).mean()
+    # log(1 - p) of the negatives only: at the positive, p rounds to 1 in fp32 once the loss is below ~1e-7
+    # (where the code's loss sits), and log1p(-1) = -inf would turn torch.where's zero gradient into NaN
+    negatives = torch.log1p(-log_p.masked_fill(positive, float("-inf")).exp())
+    return -torch.where(positive, log_p, negatives).mean()

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ..distributed import gather_with_grad, local_labels
 from ..encoders.augmented import AugmentedEncoder, fgv_perturbation
-from ..encoders.plain import pad_rows
+from ..encoders.plain import POOLERS, pad_rows
 from ..errors import SentEmbUserError
 from ..grad_cache import rows_of
 from ..losses.nt_xent import nt_xent
@@ -144,6 +144,9 @@ class ConSERT(SentEmbMethod):
     names the same pair its best. That run also turns the backbone's dropout off (`--no_dropout`, an
     ablation setting its authors added late; its large run keeps it): `dropout: 0.0` in the configs, the
     checkpoint's own by default (a family without a known dropout field, DistilBERT, refuses a value).
+    The defaults are the paper's where it says; the reference's published rows also score the test with
+    the last two layers' average (`test_pooler: avg_top2`, its `eval.py --last2avg`), which the seed-row
+    configs set (docs/methods.md).
 
     Args:
         augmentations: the two views' augmentations (`none`, `shuffle`, `token_cutoff`, `feature_cutoff`,
@@ -158,6 +161,9 @@ class ConSERT(SentEmbMethod):
             reference's scripts train on 0.15 × the sum of both directions' means, i.e. 0.3 (under Adam it
             changes only how large ε is against the gradient).
         pooler, mlp, temperature, lr: `SentEmbMethod`'s, with ConSERT's defaults.
+        test_pooler: the pooler outside a fit (test, `encode`, `sentemb evaluate --ckpt`, exports), where
+            training and the fit's validation, which selects the checkpoint, pool with `pooler`, as the
+            reference (its dev evaluator reads the training model's mean pooling); null = `pooler`.
         **kwargs: see `SentEmbMethod`.
     """
 
@@ -179,12 +185,29 @@ class ConSERT(SentEmbMethod):
         mlp: MlpMode = "none",
         temperature: float = 0.1,
         lr: float = 5e-7,
+        test_pooler: Pooler | None = None,
         **kwargs: Any,
     ) -> None:
+        if test_pooler is not None and (test_pooler not in POOLERS or test_pooler == "mask"):
+            raise SentEmbUserError(f"model.init_args.test_pooler: {test_pooler!r} is no plain pooler; choose one of "
+                                   f"{', '.join(p for p in POOLERS if p != 'mask')}")
         rates = {"token_cutoff_rate": token_cutoff_rate, "feature_cutoff_rate": feature_cutoff_rate,
                  "span_cutoff_rate": span_cutoff_rate, "dropout_rate": dropout_rate}
         check_augmentations(augmentations, kwargs.get("grad_cache_chunk", 0), span_cutoff, dropout_draw, rates)
         super().__init__(backbone, pooler=pooler, mlp=mlp, temperature=temperature, lr=lr, **kwargs)
+        self.encoder.pooler = self.test_pooler  # outside a fit
+
+    @property
+    def test_pooler(self) -> str:
+        return self.hparams.get("test_pooler") or self.hparams.pooler
+
+    def on_fit_start(self) -> None:
+        """A fit trains and validates with `pooler`; test, `encode` and exports use `test_pooler`."""
+        self.encoder.pooler = self.hparams.pooler
+        super().on_fit_start()
+
+    def on_fit_end(self) -> None:
+        self.encoder.pooler = self.test_pooler
 
     def build_encoder(self) -> AugmentedEncoder:
         hp = self.hparams

@@ -42,7 +42,8 @@ class ConSERTJointViews(ConSERTViews):
 
 
 class ConSERTJoint(ConSERT):
-    """ConSERT's joint NLI stage (module docstring).
+    """ConSERT's joint NLI stage (module docstring). Its trainer, the reference's vendored `fit`, clips to
+    norm 1 and runs apex O1: experiments/consert_sup.yaml sets both (docs/methods.md lists what differs).
 
     Defaults are the reference's scripts/sup-consert-joint-base.sh (github.com/yym6472/ConSERT): the
     sentence as it is (the backbone's dropout kept) against its token cutoff at rate 0.1

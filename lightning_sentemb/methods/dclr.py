@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from lightning.pytorch import Callback
 from torch import Tensor
 
 from ..data.datamodule import batch_seed
@@ -61,6 +62,9 @@ class DCLR(SentEmbMethod):
     views, where the guide is in eval mode and embeds each text once; its training forward omits the
     attention mask (padding attended to); its trainee reads BERT's pooler layer then the MLP.
 
+    The defaults are the paper's; the code behind the published rows differs in `objective` (reference),
+    which the seed-row configs set with its selection on the mean of STS-B and SICK-R dev (docs/methods.md).
+
     The noise count is `int(noise_times × global batch)` vectors shared by all anchors, as in the code
     (the paper's k, a proportion of the batch in its §6.5). Supervised files: the hard negatives join the
     in-batch negatives, weighed like them (DCLR is unsupervised).
@@ -79,6 +83,9 @@ class DCLR(SentEmbMethod):
         noise_temperature: the temperature of the noise's ascent (the paper's τ_u); None = `temperature`,
             the code's.
         objective: "paper" (Eq. 3, 6) or "reference" (the code's loss and ascent; see above).
+        global_batch: the global batch (data.batch_size × devices × nodes) a fit must train at, else it stops
+            in one line naming the per-device batch: the negatives, in-batch and noise, are the global
+            batch's, so a config written for 4 devices must not run at a quarter of it on one; null = any.
         **kwargs: see `SentEmbMethod`.
     """
 
@@ -95,6 +102,7 @@ class DCLR(SentEmbMethod):
         noise_temperature: float | None = None,
         objective: Objective = "paper",
         guide: GuideOption = None,
+        global_batch: int | None = None,
         **kwargs: Any,
     ) -> None:
         check_choice("model.init_args.objective", objective, Objective)
@@ -104,6 +112,19 @@ class DCLR(SentEmbMethod):
                 raise SentEmbUserError(f"model.init_args.{name} must be >= 0, got {value}")
         super().__init__(backbone, guide=complementary_guide(guide, phi, objective), **kwargs)
         self.noise_seed: int | None = None
+
+    def configure_callbacks(self) -> list[Callback]:
+        """Refuses a fit whose global batch is not `global_batch`, before it starts."""
+        trainer, expected = self._trainer, self.hparams.global_batch
+        if expected and trainer is not None and trainer.state.fn == "fit":
+            per_device, devices = trainer.datamodule.hparams.batch_size, trainer.world_size
+            if per_device * devices != expected:
+                fix = (f"set data.batch_size {expected // devices}" if expected % devices == 0 else
+                       f"train on a number of devices that divides {expected}")
+                raise SentEmbUserError(
+                    f"model.init_args.global_batch {expected}: this fit's global batch is data.batch_size "
+                    f"{per_device} x {devices} device(s) = {per_device * devices}; {fix}")
+        return super().configure_callbacks()
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Dropout's per-batch seeding, and the noise's seed: the run's, the epoch's and the batch's, not

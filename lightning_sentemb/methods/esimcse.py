@@ -20,6 +20,13 @@ Where the paper and the reference code differ (both supported, the paper's the d
 Both lengthen the truncated sentence (the repeated row may exceed `max_seq_len` by the repeated tokens,
 as in the reference's "bpe" run; its "word" run truncates after repeating).
 
+The momentum encoder's start (`momentum_init`): a copy of the encoder (MoCo's, the default: the paper is
+silent), or, as the reference, a fresh initialization of the architecture (its `BertForCL.__init__` copies
+the encoder before the pretrained weights load, then `init_weights()` re-initializes the copy, and loading
+leaves it random: the checkpoint has no `momentum_model.*` keys), so the first queues hold the embeddings
+of a mostly random encoder until θm ← m·θm + (1 − m)·θ has moved it (0.995^1000 ≈ 0.7 % left after 1,000
+steps).
+
 Momentum contrast as the reference runs it (the paper is silent on these): the momentum encoder averages
 the encoder's trained tensors only (the MLP over it is the trained one, as the reference applies its
 `mlp` to the momentum outputs); at step t it moves toward the weights the step's loss was computed with
@@ -45,7 +52,7 @@ from ..grad_cache import chunk_spans, rows_of
 from ..losses.info_nce import info_nce
 from .base import SentEmbMethod
 from .collator import Collator
-from .momentum import EmbeddingQueue, MomentumEncoder
+from .momentum import EmbeddingQueue, MomentumEncoder, MomentumInit
 
 DupRule = Literal["paper", "reference"]
 DupUnit = Literal["subword", "word"]
@@ -111,7 +118,8 @@ class ESimCSE(SentEmbMethod):
     """ESimCSE on a one-sentence-a-line corpus: word repetition for the positive, momentum contrast for
     more negatives. Each half can be switched off: `dup_rate` 0 (the positive is the sentence again,
     SimCSE's dropout view) and `queue_size` 0, or `queue_batches` 0 with `queue_size` null (no momentum
-    encoder, no queue).
+    encoder, no queue). The defaults are the paper's; the code behind the published rows differs in
+    `dup_rule` (reference) and `momentum_init` (fresh), which the seed-row configs set (docs/methods.md).
 
     Args:
         dup_rate: the maximal repetition rate (paper: 0.32 for BERT; the reference's run.sh: 0.3 for
@@ -122,6 +130,8 @@ class ESimCSE(SentEmbMethod):
         queue_batches: the queue's size as a multiple of the global batch (paper: 2.5, the reference's
             neg_size 160 at batch 64); used when `queue_size` is null.
         queue_size: the queue's size in embeddings (the reference's neg_size), or null.
+        momentum_init: the momentum encoder's start: "copy" of the encoder, or "fresh" (the reference's
+            re-initialized copy; see the module docstring).
         **kwargs: see `SentEmbMethod`.
     """
 
@@ -129,8 +139,9 @@ class ESimCSE(SentEmbMethod):
 
     def __init__(self, backbone: str, dup_rate: float = 0.32, dup_rule: DupRule = "paper",
                  dup_unit: DupUnit = "subword", momentum: float = 0.995, queue_batches: float = 2.5,
-                 queue_size: int | None = None, **kwargs: Any) -> None:
+                 queue_size: int | None = None, momentum_init: MomentumInit = "copy", **kwargs: Any) -> None:
         check_choice("model.init_args.dup_rule", dup_rule, DupRule)
+        check_choice("model.init_args.momentum_init", momentum_init, MomentumInit)
         check_choice("model.init_args.dup_unit", dup_unit, DupUnit)
         if not 0 <= dup_rate < 1 or not 0 <= momentum < 1 or queue_batches < 0 or (queue_size or 0) < 0:
             raise SentEmbUserError("model.init_args: ESimCSE takes 0 <= dup_rate < 1, 0 <= momentum < 1 and a "
@@ -145,7 +156,7 @@ class ESimCSE(SentEmbMethod):
         """The backbone's weights (`configure_backbone`), then the momentum encoder from them."""
         super().configure_model()
         if self.queue is not None and self.momentum_encoder is None:
-            self.momentum_encoder = MomentumEncoder(self.encoder, self.hparams.momentum)
+            self.momentum_encoder = MomentumEncoder(self.encoder, self.hparams.momentum, self.hparams.momentum_init)
 
     def configure_callbacks(self) -> list[Callback]:
         """Refuses FSDP: the momentum forward swaps whole tensors into the encoder, which a sharded one lacks."""

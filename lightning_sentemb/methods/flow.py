@@ -21,8 +21,9 @@ Reference (github.com/bohanli/BERT-flow, `run_siamese.py` with `--flow=1 --flow_
   warm-up, no decay), gradients clipped to norm 1 (`trainer.gradient_clip_val: 1.0` in the
   configs); `lr_schedule: linear` takes the shared warm-up and linear decay instead. It has no bias
   correction and ε 1e-6 where torch's AdamW has both and ε 1e-8.
-- Training data: any corpus; every column of an NLI csv is a sentence (the paper's "NLI" setting,
-  unlabelled), and a file of the target task's sentences is its "target" setting.
+- Training data: any corpus; both sentences of a labelled NLI pair (`corpora/allnli_pairs.csv`: SNLI +
+  MNLI, labels unused, the paper's "NLI" setting, read as the reference reads its pairs) or every column
+  of SimCSE's NLI csv are sentences, and a file of the target task's sentences is its "target" setting.
 
 What trains is the flow alone: LoRA, an MLP, the MLM loss, Matryoshka, a guide, an echo template,
 gradient caching (the loss is per sentence: accumulation is exact) and FSDP are refused in one line.
@@ -39,6 +40,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from ..data.corpus import nli_columns
+from ..data.nli_pairs import LABELLED_COLUMNS
 from ..distributed import gather_with_grad
 from ..encoders.glow import Coupling, Glow, Mixing
 from ..encoders.plain import Encoder
@@ -57,16 +59,27 @@ class FrozenEncoder(Encoder):
 
 
 class FlowSentences(Collator):
-    """Every sentence of the batch is a row: the corpus line, or each column of an NLI csv."""
+    """Every sentence of the batch is a row: the corpus line, both sentences of a labelled NLI pair (the
+    reference's pairs: a batch of 32 pairs is 64 sentences), or each column of SimCSE's NLI csv."""
+
+    corpus_hint = ("one sentence a line (.txt), labelled NLI pairs (premise,hypothesis,label) or a csv with sent0 "
+                   "(SimCSE's NLI columns too)")
+
+    def check_columns(self, columns: list[str], source: str) -> None:
+        if LABELLED_COLUMNS[0] not in columns:
+            super().check_columns(columns, source)
 
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, Any]:
-        columns = nli_columns(examples[0]) if "sent1" in examples[0] else ["sent0"]
+        first = examples[0]
+        columns = (list(LABELLED_COLUMNS[:2]) if LABELLED_COLUMNS[0] in first else
+                   nli_columns(first) if "sent1" in first else ["sent0"])
         rows = [example[column] for column in columns for example in examples]
         return {"features": self.format.build(rows, max_length=None), "num_views": len(columns)}
 
 
 class BERTFlow(SentEmbMethod):
-    """A normalizing flow on the pooled embeddings of a frozen backbone (see the module docstring).
+    """A normalizing flow on the pooled embeddings of a frozen backbone (see the module docstring). The
+    defaults are the reference's (the paper gives no training settings); the configs list what differs.
 
     Args:
         flow_levels, flow_depth, flow_coupling_width: the Glow's shape (reference: 3, 3, 32).

@@ -10,6 +10,10 @@ Where the paper and the reference code differ (both supported, the paper's the d
 - the partner (`mix_with`): a negative drawn at random from the batch (paper) or the next sentence of the
   batch (reference; the batch is shuffled, so a random other sentence too, but a fixed pairing).
 
+Selection (`val_mlp`): the reference trains without `--mlp_only_train`, so its dev score, which selects
+the checkpoint, reads the MLP, while its test (`evaluation.py --pooler cls_before_pooler`) does not;
+`val_mlp: true` validates through the MLP, test, `encode` and exports stay without it.
+
 Under DDP the global batch is put in its examples' order (as one process holds it) and the partners are
 drawn over it from (run seed, global step) on every rank, so k processes mix as one; the draw repeats
 after a resume and is shared by every Matryoshka truncation.
@@ -28,6 +32,7 @@ from ..errors import SentEmbUserError, check_choice
 from ..losses.mixcse import MixCSELoss, MixLayout, MixWith, mixing_partners
 from .base import SentEmbMethod
 from .simcse import SimCSEViews
+from .validation import validating
 
 PARTNER_STREAM = 0x4D6978  # keeps the partners' random stream apart from any other drawn from the run seed
 
@@ -41,7 +46,9 @@ def example_order(size: int, local: int, device: torch.device) -> Tensor:
 
 
 class MixCSE(SentEmbMethod):
-    """MixCSE on a one-sentence-a-line corpus (the sentence twice: dropout is the augmentation).
+    """MixCSE on a one-sentence-a-line corpus (the sentence twice: dropout is the augmentation). The defaults
+    are the paper's; the code behind the published rows differs in `mix_layout` (reference) and `val_mlp`
+    (true), which the seed-row config sets (docs/methods.md).
 
     Args:
         mix_lambda: λ, the positive's share of a mixed negative (paper: 0.2).
@@ -52,13 +59,16 @@ class MixCSE(SentEmbMethod):
             through them (the ablation).
         mix_layout: "paper" or "reference" (module docstring); "reference" mixes each sentence with the
             next one, once.
+        val_mlp: validate through the MLP (the reference's selection), with `mlp: train`; test, `encode`
+            and exports never apply it.
         **kwargs: see `SentEmbMethod`.
     """
 
     collator_class = SimCSEViews
 
     def __init__(self, backbone: str, mix_lambda: float = 0.2, num_mixed: int = 1, mix_with: MixWith | None = None,
-                 stop_gradient: bool = True, mix_layout: MixLayout = "paper", **kwargs: Any) -> None:
+                 stop_gradient: bool = True, mix_layout: MixLayout = "paper", val_mlp: bool = False,
+                 **kwargs: Any) -> None:
         check_choice("model.init_args.mix_with", mix_with, MixWith, allow_none=True)
         check_choice("model.init_args.mix_layout", mix_layout, MixLayout)
         if not 0 <= mix_lambda <= 1 or num_mixed < 1:
@@ -68,9 +78,18 @@ class MixCSE(SentEmbMethod):
             raise SentEmbUserError("model.init_args.mix_layout reference mixes each sentence with the next one, once: "
                                    "leave mix_with and num_mixed unset (or use mix_layout paper)")
         super().__init__(backbone, **kwargs)
+        if val_mlp and self.hparams.mlp != "train":
+            raise SentEmbUserError(f"model.init_args.val_mlp validates through the MLP trained and dropped at test "
+                                   f"(mlp: train); got mlp: {self.hparams.mlp}")
         self.loss_fn = MixCSELoss(mix_lambda, self.hparams.temperature, stop_gradient)
         if self.hparams.mix_with is None:  # checkpoints keep the value
             self.hparams.mix_with = "next" if mix_layout == "reference" else "random"
+
+    def project(self, pooled: Tensor) -> Tensor:
+        """The MLP in training and, with `val_mlp`, in validation; elsewhere as `SentEmbMethod.project`."""
+        if self.hparams.val_mlp and not self.training and validating(self):
+            return self.mlp(pooled)
+        return super().project(pooled)
 
     def partners(self, total: int, device: torch.device) -> Tensor:
         """(total, num_mixed) partners of every row of the global batch (`losses.mixcse.mixing_partners`),

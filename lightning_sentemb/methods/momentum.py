@@ -5,7 +5,8 @@ carry them, and outside the encoder, so exports leave them out."""
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +14,8 @@ from torch.func import functional_call
 
 from ..encoders.plain import Encoder
 from ..errors import SentEmbUserError
+
+MomentumInit = Literal["copy", "fresh"]
 
 
 def buffer_name(parameter: str) -> str:
@@ -27,10 +30,13 @@ class MomentumEncoder(nn.Module):
     encoder with the averaged tensors in place of the trained ones (`torch.func.functional_call`), so
     under LoRA the momentum copy is the adapters' average alone; a full fine-tune averages, and so holds,
     the whole backbone. Built after the backbone's weights load (`configure_model`), from its current
-    values: θm starts as θ, as the reference's copy at initialization.
+    values: θm starts as θ (`start` "copy", MoCo's), or as a fresh initialization of the backbone's
+    architecture (`start` "fresh", ESimCSE's reference: `BertForCL.__init__` copies the encoder before
+    the pretrained weights load and `init_weights()` then re-initializes the copy, which loading leaves
+    random since the checkpoint has no `momentum_model.*` keys).
     """
 
-    def __init__(self, encoder: Encoder, momentum: float) -> None:
+    def __init__(self, encoder: Encoder, momentum: float, start: MomentumInit = "copy") -> None:
         super().__init__()
         self.momentum = momentum
         self.names = [name for name, p in encoder.named_parameters() if p.requires_grad]
@@ -40,6 +46,24 @@ class MomentumEncoder(nn.Module):
         trained = dict(encoder.named_parameters())
         for name in self.names:
             self.register_buffer(buffer_name(name), trained[name].detach().clone())
+        if start == "fresh":
+            self.initialize_fresh(encoder)
+
+    @torch.no_grad()
+    def initialize_fresh(self, encoder: Encoder) -> None:
+        """Each averaged tensor as the backbone's own `_init_weights` initializes its module (BERT's: normal
+        weights of std `initializer_range`, zero biases, LayerNorm 1 and 0), from torch's global generator
+        (seeded by `seed_everything`). A copy of each owning module is initialized, the encoder is untouched."""
+        init_weights = encoder.backbone._init_weights
+        for owner in dict.fromkeys(name.rpartition(".")[0] for name in self.names):
+            fresh = copy.deepcopy(encoder.get_submodule(owner))
+            for tensor in fresh.parameters(recurse=False):
+                tensor.__dict__.pop("_is_hf_initialized", None)  # transformers skips the tensors it loaded
+            init_weights(fresh)
+            for local, tensor in fresh.named_parameters(recurse=False):
+                name = f"{owner}.{local}" if owner else local
+                if name in self.names:
+                    getattr(self, buffer_name(name)).copy_(tensor)
 
     def averages(self) -> list[Tensor]:
         return [getattr(self, buffer_name(name)) for name in self.names]

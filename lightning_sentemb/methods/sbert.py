@@ -51,7 +51,9 @@ class SBERTViews(Collator):
 
 
 class SBERT(SentEmbMethod):
-    """SBERT's NLI classification objective.
+    """SBERT's NLI classification objective. The defaults are the paper's; sentence-transformers' `fit`,
+    which trained the released models, also clips to norm 1 and decays weights by 0.01, as
+    experiments/sbert_sup.yaml sets (docs/methods.md).
 
     Args:
         pooler: "avg", the paper's mean pooling (any other of `SentEmbMethod`'s poolers may be set).

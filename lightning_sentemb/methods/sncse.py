@@ -45,7 +45,9 @@ class SNCSEViews(TemplateViews):
 
 
 class SNCSE(PromptBERT):
-    """SNCSE on a corpus of sentences and their negations (`sent0,negation`).
+    """SNCSE on a corpus of sentences and their negations (`sent0,negation`). The defaults are the
+    reference's where the paper is silent; its trainer's clipping (1.0), fp32 and selection are set by the
+    seed-row configs, which list what still differs (docs/methods.md).
 
     Args:
         bml_weight: λ, the weight of the bidirectional margin loss (reference: 1e-3 BERT, 5e-4 RoBERTa).

@@ -30,6 +30,13 @@ def sts_metrics(aggregation: str) -> nn.ModuleDict:
     })
 
 
+def validating(method: LightningModule) -> bool:
+    """Whether the method runs a validation loop now (a fit's, its sanity check, or `sentemb validate`):
+    the methods whose reference selects checkpoints on another embedding than it tests ask."""
+    trainer = method._trainer
+    return trainer is not None and (trainer.validating or trainer.sanity_checking)
+
+
 def sts_step(method: LightningModule, batch: dict[str, Any], dim: int | None = None) -> None:
     """Cosines of a batch of STS pairs into the task's metric; on the first `dim` dimensions when given."""
     n = len(batch["first"])
