@@ -1,13 +1,15 @@
-"""The training loop's side of a method: the objective of a step (the method's loss plus the weighted
-MLM loss, in one forward or with gradient caching), the per-batch seeding that makes a resumed run
-draw what the uninterrupted one drew, the optimizer and schedule, and the trainer options a method
-refuses. `SentEmbMethod`'s Lightning hooks are these functions."""
+"""The training loop's side of a method: the objective of a step (the method's loss, with the guide's
+mask and over Matryoshka truncations, plus the weighted MLM loss, in one forward or with gradient
+caching), the per-batch seeding that makes a resumed run draw what the uninterrupted one drew, the
+optimizer and schedule, and the trainer options a method refuses.
+`SentEmbMethod`'s Lightning hooks are these functions."""
 
 from __future__ import annotations
 
 import math
 import random
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,11 +20,35 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import get_linear_schedule_with_warmup
 
+from .. import matryoshka
 from ..data.datamodule import batch_seed
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
 from ..losses.mlm import token_prediction_loss
 from .checkpoint_state import trainable_summary
+
+
+def sentence_loss(
+    method: LightningModule, embeddings: Tensor, batch: dict[str, Any]
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The method's `embedding_loss`, given the guide's mask when there is a guide; with
+    `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
+    loss_fn, guide_logs = method.embedding_loss, {}
+    if method.guide is not None:  # once per batch, at full size, for every truncation
+        drop, guide_logs = method.guide.drop(embeddings, batch)
+        loss_fn = partial(method.embedding_loss, drop=drop)
+    dims = method.hparams.matryoshka_dims
+    if not dims:
+        loss, logs = loss_fn(embeddings, batch)
+    else:
+        batch = method.prepare_truncations(embeddings, batch)
+        loss, logs = matryoshka.matryoshka_loss(loss_fn, embeddings, batch, dims, method.hparams.matryoshka_weights)
+    return loss, {**logs, **guide_logs}
+
+
+def training_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss, extra values to log) of one training batch embedded in one forward pass."""
+    return method.sentence_loss(method.embed(batch["features"]), batch)
 
 
 def step_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
