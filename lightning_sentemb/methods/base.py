@@ -176,6 +176,8 @@ class SentEmbMethod(LightningModule):
 
     collator_class: type[Collator] = Collator
     """The method's training views (`collator`)."""
+    guide_candidate_views: int | None = None
+    """How many views after the first the loss's denominator reads, those the guide judges (None: all)."""
 
     def embedding_loss(
         self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
@@ -244,6 +246,7 @@ class SentEmbMethod(LightningModule):
         """Off with gradient caching, which runs its own backward passes and optimizer step."""
         return not self.hparams.grad_cache_chunk
 
+    guide_drop = steps.guide_drop
     sentence_loss = steps.sentence_loss
     training_loss = steps.training_loss
     step_loss = steps.step_loss

@@ -27,16 +27,25 @@ from ..fsdp import is_sharded
 from ..losses.mlm import token_prediction_loss
 from .checkpoint_state import trainable_summary
 
+Guided = tuple[Tensor | None, dict[str, Tensor]]  # the guide's mask (None: no guide) and what it logs
+
+
+def guide_drop(method: LightningModule, embeddings: Tensor, batch: dict[str, Any]) -> Guided:
+    """The guide's mask over the views the loss reads (`guide_candidate_views`) and what it logs; (None, {})
+    without a guide. Once per batch, at full size, for every truncation."""
+    if method.guide is None:
+        return None, {}
+    return method.guide.drop(embeddings, batch, method.guide_candidate_views)
+
 
 def sentence_loss(
-    method: LightningModule, embeddings: Tensor, batch: dict[str, Any]
+    method: LightningModule, embeddings: Tensor, batch: dict[str, Any], guided: Guided | None = None
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The method's `embedding_loss`, given the guide's mask when there is a guide; with
-    `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
-    loss_fn, guide_logs = method.embedding_loss, {}
-    if method.guide is not None:  # once per batch, at full size, for every truncation
-        drop, guide_logs = method.guide.drop(embeddings, batch)
-        loss_fn = partial(method.embedding_loss, drop=drop)
+    """The method's `embedding_loss`, given the guide's mask when there is a guide (`guided`: the mask a
+    caller already has for these texts; else `guide_drop`'s); with `matryoshka_dims`, summed over
+    truncations (`matryoshka_loss`)."""
+    drop, guide_logs = guided if guided is not None else method.guide_drop(embeddings, batch)
+    loss_fn = method.embedding_loss if drop is None else partial(method.embedding_loss, drop=drop)
     dims = method.hparams.matryoshka_dims
     if not dims:
         loss, logs = loss_fn(embeddings, batch)
