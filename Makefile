@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 DEMO_STEPS := $(shell sed -n 's/^  max_steps: *//p' experiments/demo/simcse.yaml)
 
 # `make gpu-check` runs on a CUDA machine's own python3 (not the venv), with no package index: the
-# packages its image lacks come as wheels in $(GPU_KIT)/wheels (docs/benchmarks.md), installed to
+# packages its image lacks come as wheels in $(GPU_KIT)/wheels (docs/gpu-check.md), installed to
 # $(GPU_SITE) when that folder exists.
 GPU_PYTHON ?= python3
 GPU_KIT ?= .gpu
@@ -71,12 +71,12 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mntp.py
 
 # One command on a CUDA GPU: CUDA tests, bf16 steps of every training path, fast paths against plain ones,
-# throughput, 2-process DDP; a report in the folder it prints (benchmarks/gpu_check*.py). ARGS: e.g. --budget 300.
+# throughput, 2-process DDP; a report in the folder it prints (gpucheck/). ARGS: e.g. --budget 300.
 gpu-check:
 	@if [ -d "$(GPU_KIT)/wheels" ]; then $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile \
 		--upgrade --target $(GPU_SITE) $(GPU_KIT)/wheels/*.whl; fi
 	@PYTHONPATH="$(GPU_SITE):$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" WANDB_MODE=disabled HF_HUB_OFFLINE=1 \
-		$(GPU_PYTHON) benchmarks/gpu_check.py $(ARGS)
+		$(GPU_PYTHON) gpucheck/gpu_check.py $(ARGS)
 
 # CUDA image with `sentemb` as entry point (docker/README.md); its install step is `make install`.
 docker:

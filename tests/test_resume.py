@@ -41,6 +41,8 @@ METHODS = {
     # from the run seed and the step
     "esimcse": ["--model", "lightning_sentemb.methods.ESimCSE", "--model.pooler", "cls"],
     "mixcse": ["--model", "lightning_sentemb.methods.MixCSE", "--model.pooler", "cls", "--model.num_mixed", "2"],
+    # a trainable prompt on a frozen backbone (the gradient through its lookup: tests/test_scpcse.py)
+    "scpcse": ["--model", "lightning_sentemb.methods.SCPCSE", "--model.lr", "1e-2"],
 }
 
 
@@ -115,7 +117,8 @@ def uninterrupted(tiny_bert, sts_fixture, corpus, tmp_path_factory):
 # with 0, so both settings are checked against the reference, before and after a resume
 @pytest.mark.parametrize(("method", "workers", "resume_workers"),
                          [*((method, 0, 2) for method in ("simcse", "promptbert", "conpvp", "dcpcse", "clusterns",
-                                                           "consert", "flow", "dclr", "esimcse", "mixcse")),
+                                                           "consert", "flow", "dclr", "esimcse", "mixcse",
+                                                           "scpcse")),
                           *(pytest.param(method, 2, 0, marks=pytest.mark.slow) for method in ("conpvp", "dcpcse"))])
 def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, uninterrupted, tiny_bert, sts_fixture,
                                            corpus, tmp_path):

@@ -85,3 +85,20 @@ def test_what_sbert_refuses(tiny_bert: str) -> None:
     for option, value in (("guide", "self"), ("matryoshka_dims", [16, 8])):
         with pytest.raises(SentEmbUserError, match=f"model.init_args.{option}: not for SBERT"):
             build_method(SBERT, tiny_bert, **{option: value})
+
+
+@pytest.mark.parametrize("method_class", ["SBERT", "ConSERTJoint"])
+def test_both_nli_classifiers_read_the_four_concatenation_options(tiny_bert: str, method_class: str) -> None:
+    """SBERT and supervised ConSERT build their classifier the one way (`NLISoftmaxLoss.from_options`): every
+    switch it reads is an option of both, and each reaches it (u, v and u * v here: 3 vectors of 32)."""
+    import inspect
+
+    from lightning_sentemb import methods
+    from lightning_sentemb.losses.nli_softmax import CONCATENATIONS
+
+    cls = getattr(methods, method_class)
+    assert set(CONCATENATIONS) <= set(inspect.signature(cls.__init__).parameters)
+    switches = dict(zip(CONCATENATIONS, (True, False, True, False), strict=True))
+    method = build_method(cls, tiny_bert, **switches)
+    assert method.loss_fn.parts == (True, False, True, False)
+    assert method.loss_fn.classifier.in_features == 3 * 32

@@ -102,3 +102,24 @@ def test_a_checkpoint_restores_the_trained_prompt_and_the_export_reads_it(tiny_b
     model = SentenceTransformer(str(folder), device="cpu", trust_remote_code=True)
     torch.testing.assert_close(model.encode(SENTENCES, convert_to_tensor=True), trained.encode(SENTENCES),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_the_prompt_gradient_repeats_bit_for_bit(tiny_bert: str) -> None:
+    """The prompt vectors reach the input through a gather whose backward must not depend on thread timing:
+    CPU advanced indexing accumulates its gradient with racing atomic adds once it has 32,768 elements
+    (torch's grain; the demo's batch is past it), which made two identical runs differ (issue 46, item 9).
+    66 rows x 17 tokens x 32 wide on 2 threads are past that grain too."""
+    method = build_method(SCPCSE, tiny_bert).eval()  # no dropout: only the order of the sums could differ
+    encoder = method.encoder
+    features = encoder.format.build(encoder.format.sentence_ids(SENTENCES * 22), None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(4):
+            encoder.prompt.grad = None
+            encoder(features).square().sum().backward()
+            grads.append(encoder.prompt.grad)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grad, grads[0]) for grad in grads[1:])

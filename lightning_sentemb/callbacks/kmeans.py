@@ -32,9 +32,10 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor, nn
+from torch import Tensor
 
 from lightning_sentemb.distributed import at_decision_step, broadcast_from_rank_zero
+from lightning_sentemb.encoders.started import StartedOnce
 from lightning_sentemb.losses.info_nce import cosine_matrix
 from lightning_sentemb.precision import exact_fp32
 
@@ -198,20 +199,19 @@ def global_initial_centroids(embeddings: Tensor, k: int, seed: int = 0, niter: i
     return update_centroids(centroids, embeddings.float(), labels, gamma=1.0).to(dtype=embeddings.dtype)
 
 
-class CentroidState(nn.Module):
+class CentroidState(StartedOnce):
     """The centroids and their bookkeeping, owned by the method.
 
     Buffers exist from construction (step 0), so every checkpoint has them and `.to(device)`
     moves them: `centroids` (K, H), `initialized` (bool), `num_updates` (long). `is_initialized`
-    is the host's copy of `initialized` (set by `initialize_` and `load_state_dict`), so the
-    training step picks its loss without reading the device.
+    is the host's copy of `initialized` (`StartedOnce`), so the training step picks its loss without
+    reading the device.
 
     `random_clusters` (ablation) lives here rather than on the callback because the loss and the
     update use the same assignment: `assign`.
     """
 
     centroids: Tensor
-    initialized: Tensor
     num_updates: Tensor
 
     def __init__(self, k: int, hidden_size: int, random_clusters: bool = False, seed: int = 0) -> None:
@@ -222,19 +222,7 @@ class CentroidState(nn.Module):
         self.random_clusters = random_clusters
         self.seed = seed
         self.register_buffer("centroids", torch.zeros(k, hidden_size))
-        self.register_buffer("initialized", torch.tensor(False))
         self.register_buffer("num_updates", torch.tensor(0, dtype=torch.long))
-        self._initialized = False
-        self.register_load_state_dict_post_hook(CentroidState._read_host_view)
-
-    @staticmethod
-    def _read_host_view(module: CentroidState, incompatible_keys: Any) -> None:
-        module._initialized = bool(module.initialized)  # one host read per checkpoint load
-
-    @property
-    def is_initialized(self) -> bool:
-        """Whether clustering has started (the host's copy: no device sync)."""
-        return self._initialized
 
     def assign(self, embeddings: Tensor, step: int = 0) -> Assignment:
         """The clusters of a batch: by cosine similarity, or under the ablation random, drawn from
@@ -246,8 +234,7 @@ class CentroidState(nn.Module):
     @torch.no_grad()
     def initialize_(self, centroids: Tensor) -> None:
         self.centroids.copy_(centroids)
-        self.initialized.fill_(True)
-        self._initialized = True
+        self.mark_initialized()
 
     @torch.no_grad()
     def update_(self, embeddings: Tensor, assignment: Tensor, gamma: float, rule: UpdateRule = "mean") -> None:

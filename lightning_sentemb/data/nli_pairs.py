@@ -9,7 +9,8 @@ Two layouts, both read by the training corpus reader (`data.corpus`):
   `senteval/downstream/SNLI` (SNLI dev and test), which the demo trains on.
 
 Labels are the class names or their ids in the order of the Hugging Face hub's SNLI and MNLI (and
-sentence-transformers' all-nli): 0 entailment, 1 neutral, 2 contradiction.
+sentence-transformers' all-nli): 0 entailment, 1 neutral, 2 contradiction. A batch of pairs holds the
+premises, then the hypotheses (`premises_then_hypotheses`), and their labels (`pair_labels`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,14 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from itertools import chain, islice
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from ..errors import SentEmbUserError
 
-__all__ = ["LABELLED_COLUMNS", "NLI_LABELS", "label_ids", "senteval_nli_rows"]
+__all__ = ["LABELLED_COLUMNS", "NLI_LABELS", "label_ids", "pair_labels", "premises_then_hypotheses",
+           "senteval_nli_rows"]
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
 LABELLED_COLUMNS = ("premise", "hypothesis", "label")
@@ -68,3 +73,13 @@ def senteval_nli_rows(folder: Path, rows: int) -> Iterator[tuple[dict[str, list]
             if any(handle.read(1) for handle in handles):
                 raise SentEmbUserError(f"{files[0].parent}: {', '.join(p.name for p in files)} have different numbers "
                                        "of lines; each line of s1 pairs with the same line of s2 and labels")
+
+
+def premises_then_hypotheses(examples: list[dict[str, Any]]) -> list[list[int]]:
+    """The pairs' sentences as a classifier's batch holds them: the premises, then the hypotheses."""
+    return [example["premise"] for example in examples] + [example["hypothesis"] for example in examples]
+
+
+def pair_labels(examples: list[dict[str, Any]]) -> torch.Tensor:
+    """The pairs' labels (indices of `NLI_LABELS`)."""
+    return torch.tensor([example["label"] for example in examples], dtype=torch.long)

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import SentEmbUserError
+from .started import StartedOnce
 
 Coupling = Literal["additive", "affine"]
 Mixing = Literal["reverse", "lu"]
@@ -154,10 +155,11 @@ def normal_log_prob(z: Tensor) -> Tensor:
     return -0.5 * (z.pow(2) + math.log(2 * math.pi)).sum(-1)
 
 
-class Glow(nn.Module):
+class Glow(StartedOnce):
     """`forward(x)` → (latent, log p(x)) per row; `initialize_(x)` is the data-dependent start.
 
-    `initialized` (a buffer, so checkpoints carry it) says whether `initialize_` ran."""
+    `initialized` (a buffer, so checkpoints carry it) says whether `initialize_` ran, `is_initialized` its
+    host copy (`StartedOnce`)."""
 
     def __init__(self, dim: int, levels: int = 3, depth: int = 3, coupling_width: int = 32,
                  coupling: Coupling = "additive", mixing: Mixing = "reverse") -> None:
@@ -170,7 +172,6 @@ class Glow(nn.Module):
             nn.ModuleList(FlowStep(dim >> level, coupling_width, coupling, mixing) for _ in range(depth))
             for level in range(levels)
         )
-        self.register_buffer("initialized", torch.tensor(False))
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         logdet = x.new_zeros(x.shape[0])
@@ -196,4 +197,4 @@ class Glow(nn.Module):
         finally:
             for actnorm in actnorms:
                 actnorm.initializing = False
-        self.initialized.fill_(True)
+        self.mark_initialized()

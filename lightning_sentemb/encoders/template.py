@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..backbones import UnsupportedBackbone
@@ -279,7 +280,9 @@ class TemplateEncoder(Encoder):
             return self.call_backbone(features, input_ids=features["input_ids"], position_ids=features["position_ids"])
         embeddings = self.backbone.get_input_embeddings()(features["input_ids"])
         slots = features["prompt_slots"]
-        prompt = self.prompt.to(embeddings.dtype)[slots.clamp_min(0)]
+        # an embedding lookup, not `prompt[index]`: CPU indexing sums its gradient with racing atomic adds
+        # past 32,768 elements, and two identical runs drift apart (issue 46)
+        prompt = F.embedding(slots.clamp_min(0), self.prompt.to(embeddings.dtype))
         inputs_embeds = torch.where((slots >= 0).unsqueeze(-1), prompt, embeddings)
         return self.call_backbone(features, inputs_embeds=inputs_embeds, position_ids=features["position_ids"])
 

@@ -18,6 +18,26 @@ def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
         return F.normalize(a.to(dtype), dim=-1) @ F.normalize(b.to(dtype), dim=-1).T
 
 
+def paired_cosine(a: Tensor, b: Tensor) -> Tensor:
+    """cos(a[..., i, :], b[..., i, :]) of rows that broadcast (SNCSE's pairs; MixCSE's anchor against each of
+    its mixes), in fp32 (or wider) under any autocast, as `cosine_matrix`."""
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    with exact_fp32(a.device.type):
+        return (F.normalize(a.to(dtype), dim=-1) * F.normalize(b.to(dtype), dim=-1)).sum(-1)
+
+
+def contrastive_logits(
+    anchors: Tensor, candidates: Tensor, temperature: float, logit_bias: Tensor | None = None,
+    drop: Tensor | None = None,
+) -> Tensor:
+    """(n, m) cos(anchor_i, candidate_j)/τ + bias, with the `drop` (n, m) bool columns at -inf: they leave
+    anchor i's denominator (false negatives, `losses.guide`)."""
+    logits = cosine_matrix(anchors, candidates) / temperature
+    if logit_bias is not None:
+        logits = logits + logit_bias
+    return logits if drop is None else logits.masked_fill(drop, float("-inf"))
+
+
 def info_nce(
     anchors: Tensor,
     candidates: Tensor,
@@ -29,15 +49,9 @@ def info_nce(
     """-log softmax(cos(anchor_i, ·)/τ + bias)[labels_i], averaged over anchors.
 
     `candidates` holds every positive and negative column (under DDP: the global batch);
-    `labels[i]` is the column of anchor i's positive; `drop` (n, m) bool, the columns that leave
-    anchor i's denominator (false negatives, `losses.guide`).
+    `labels[i]` is the column of anchor i's positive; `drop`: see `contrastive_logits`.
     """
-    logits = cosine_matrix(anchors, candidates) / temperature
-    if logit_bias is not None:
-        logits = logits + logit_bias
-    if drop is not None:
-        logits = logits.masked_fill(drop, float("-inf"))
-    return F.cross_entropy(logits, labels)
+    return F.cross_entropy(contrastive_logits(anchors, candidates, temperature, logit_bias, drop), labels)
 
 
 def hard_negative_bias(labels: Tensor, num_positive_columns: int, weight: float, per_anchor: int = 1) -> Tensor:

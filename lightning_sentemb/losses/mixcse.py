@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..precision import exact_fp32
-from .info_nce import cosine_matrix
+from .info_nce import contrastive_logits, cosine_matrix, paired_cosine
 
 MixLayout = Literal["paper", "reference"]
 MixWith = Literal["random", "next"]
@@ -48,13 +47,6 @@ def mixing_partners(total: int, num_mixed: int, choose: MixWith, generator: torc
     return (rows + offsets) % total
 
 
-def row_cosines(anchors: Tensor, mixed: Tensor) -> Tensor:
-    """(n, k) cos(anchors[i], mixed[i, k]), in fp32 or wider under any autocast."""
-    dtype = torch.promote_types(torch.promote_types(anchors.dtype, mixed.dtype), torch.float32)
-    with exact_fp32(anchors.device.type):
-        return (F.normalize(mixed.to(dtype), dim=-1) @ F.normalize(anchors.to(dtype), dim=-1)[:, :, None])[..., 0]
-
-
 def mix(first: Tensor, second: Tensor, lam: float, stop_gradient: bool) -> Tensor:
     """λ·first + (1 − λ)·second, detached under stop-gradient."""
     mixed = lam * first + (1 - lam) * second
@@ -73,16 +65,13 @@ class MixCSELoss(nn.Module):
         self.temperature = temperature
         self.stop_gradient = stop_gradient
 
-    def in_batch_logits(self, anchors: Tensor, positives: Tensor, drop: Tensor | None) -> Tensor:
-        logits = cosine_matrix(anchors, positives) / self.temperature
-        return logits if drop is None else logits.masked_fill(drop, float("-inf"))
-
     def paper(self, anchors: Tensor, positives: Tensor, labels: Tensor, partners: Tensor,
               drop: Tensor | None = None) -> Tensor:
         """Anchor i against every positive and its own mixes λ·positives[labels[i]] + (1 − λ)·positives[p] for
         p in `partners[i]` (n, k)."""
         mixed = mix(positives[labels][:, None], positives[partners], self.lam, self.stop_gradient)  # (n, k, d)
-        logits = [self.in_batch_logits(anchors, positives, drop), row_cosines(anchors, mixed) / self.temperature]
+        in_batch = contrastive_logits(anchors, positives, self.temperature, drop=drop)
+        logits = [in_batch, paired_cosine(anchors[:, None], mixed) / self.temperature]  # (n, k) own mixes
         return F.cross_entropy(torch.cat(logits, dim=1), labels)
 
     def reference(self, anchors: Tensor, positives: Tensor, all_anchors: Tensor, labels: Tensor,
@@ -96,7 +85,7 @@ class MixCSELoss(nn.Module):
             columns == (labels[:, None] - 1) % total, 0.0)
         mixed_anchor = (cosine_matrix(mixed_anchors, positives) / tau).masked_fill(
             columns == (labels[:, None] + 1) % total, 0.0)
-        logits = [self.in_batch_logits(anchors, positives, drop), own_in_mix, mixed_anchor]
+        logits = [contrastive_logits(anchors, positives, tau, drop=drop), own_in_mix, mixed_anchor]
         return F.cross_entropy(torch.cat(logits, dim=1), labels)
 
     def get_config_dict(self) -> dict[str, float | bool]:

@@ -5,13 +5,21 @@ fourth of ConSERT's copy of it (`AdvCLSoftmaxLoss`): max(u, v)², element-wise."
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data.nli_pairs import NLI_LABELS
 from ..precision import exact_fp32
 
-__all__ = ["NLISoftmaxLoss"]
+__all__ = ["CONCATENATIONS", "NLISoftmaxLoss"]
+
+# the classifier's input switches, as methods name them (sentence-transformers' names, ConSERT's fourth)
+CONCATENATIONS = ("concatenation_sent_rep", "concatenation_sent_difference", "concatenation_sent_multiplication",
+                  "concatenation_sent_max_square")
 
 
 class NLISoftmaxLoss(nn.Module):
@@ -40,6 +48,11 @@ class NLISoftmaxLoss(nn.Module):
         if vectors == 0:
             raise ValueError("the classifier needs at least one of (u, v), |u - v|, u * v and max(u, v)²")
         self.classifier = nn.Linear(vectors * embedding_dim, num_labels)
+
+    @classmethod
+    def from_options(cls, embedding_dim: int, options: Mapping[str, Any]) -> NLISoftmaxLoss:
+        """The NLI classifier (`NLI_LABELS`) with the `CONCATENATIONS` switches a method's hyper-parameters set."""
+        return cls(embedding_dim, len(NLI_LABELS), *(options[name] for name in CONCATENATIONS))
 
     def logits(self, u: Tensor, v: Tensor) -> Tensor:
         """(pairs, num_labels) classifier logits in the classifier's dtype (fp32, or wider)."""

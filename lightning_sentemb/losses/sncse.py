@@ -12,22 +12,12 @@ Defaults are the reference's: α 0.1, β 0.3, λ 1e-3 (BERT; RoBERTa 5e-4, set i
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..precision import exact_fp32
-from .info_nce import info_nce
+from .info_nce import info_nce, paired_cosine
 from .margin import bidirectional_margin_loss, check_margins
 
-__all__ = ["SNCSELoss", "paired_cosine"]
-
-
-def paired_cosine(a: Tensor, b: Tensor) -> Tensor:
-    """(n,) cosine of each row of `a` with the same row of `b`, in fp32 (or wider) under any autocast."""
-    dtype = torch.promote_types(a.dtype, torch.float32)
-    with exact_fp32(a.device.type):
-        return (F.normalize(a.to(dtype), dim=-1) * F.normalize(b.to(dtype), dim=-1)).sum(-1)
+__all__ = ["SNCSELoss"]
 
 
 class SNCSELoss(nn.Module):

@@ -2,15 +2,14 @@
 and contributes only what differs: `build_encoder` (input format), `collator_class` (the views of a
 training example), `embedding_loss` (the loss from the batch's embeddings). The rest is composed from
 one module per concern, whose functions are the hooks here: `building` (backbone weights, LoRA, memory
-switches), `steps` (training step, seeding, optimizer), `grad_cache`, `matryoshka`, `encoding`
-(`encode`), `validation` (STS and other evaluators in a run), `checkpoint_state`. Exports read a method
-through `export.protocol.ExportableMethod` (`export_format` picks the writer)."""
+switches), `steps` (a batch's loss, training step, seeding, optimizer), `grad_cache`, `matryoshka`,
+`encoding` (`embed`, `encode`), `validation` (STS and other evaluators in a run), `checkpoint_state`.
+Exports read a method through `export.protocol.ExportableMethod` (`export_format` picks the writer)."""
 
 from __future__ import annotations
 
 import inspect
 import os
-from functools import partial
 from typing import Any, Literal
 
 from lightning.pytorch import LightningModule
@@ -177,6 +176,8 @@ class SentEmbMethod(LightningModule):
 
     collator_class: type[Collator] = Collator
     """The method's training views (`collator`)."""
+    guide_candidate_views: int | None = None
+    """How many views after the first the loss's denominator reads, those the guide judges (None: all)."""
 
     def embedding_loss(
         self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
@@ -206,26 +207,14 @@ class SentEmbMethod(LightningModule):
         """The MLP kept at evaluation (mlp='always'), or None: what `encode` and the exports apply."""
         return self.mlp if self.hparams.mlp == "always" else None
 
-    def embed(self, features: dict[str, Tensor]) -> Tensor:
-        """Sentence vectors; the MLP applies in training, and at evaluation only with mlp='always'."""
-        if self.encoder.weights_deferred:  # built with `cls(...)` alone: one line instead of a meta-device error
-            raise RuntimeError(f"{type(self).__name__}: no weights yet; build it with build_method(cls, ...)")
-        return self.project(self.encoder(features))
-
-    def project(self, pooled: Tensor) -> Tensor:
-        """The MLP over pooled sentence vectors where it applies (see `embed`)."""
-        mlp = self.mlp if self.training else self.eval_mlp
-        return mlp(pooled) if mlp is not None else pooled
-
     @property
     def eval_length(self) -> int:
         """Truncation at evaluation and in exports: `eval_max_length`, else the model's maximum."""
         return self.hparams.eval_max_length or self.encoder.max_length
 
-    def features_from_ids(self, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
-        """Evaluation inputs (method's format, evaluation truncation) from token ids."""
-        return self.encoder.format.build(sentence_ids, self.eval_length)
-
+    embed = encoding.embed
+    project = encoding.project
+    features_from_ids = encoding.features_from_ids
     sentence_features = encoding.sentence_features
     embed_features = encoding.embed_features
     encode_batch = encoding.encode_batch
@@ -234,25 +223,6 @@ class SentEmbMethod(LightningModule):
     eval_autocast = encoding.eval_autocast
 
     # ----- training ---------------------------------------------------------------------
-    def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """The method's `embedding_loss`, given the guide's mask when there is a guide; with
-        `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
-        loss_fn, guide_logs = self.embedding_loss, {}
-        if self.guide is not None:  # once per batch, at full size, for every truncation
-            drop, guide_logs = self.guide.drop(embeddings, batch)
-            loss_fn = partial(self.embedding_loss, drop=drop)
-        dims = self.hparams.matryoshka_dims
-        if not dims:
-            loss, logs = loss_fn(embeddings, batch)
-        else:
-            batch = self.prepare_truncations(embeddings, batch)
-            loss, logs = matryoshka.matryoshka_loss(loss_fn, embeddings, batch, dims, self.hparams.matryoshka_weights)
-        return loss, {**logs, **guide_logs}
-
-    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        """(loss, extra values to log) of one training batch embedded in one forward pass."""
-        return self.sentence_loss(self.embed(batch["features"]), batch)
-
     @property
     def collator(self) -> Collator:
         """What the training DataLoader runs to build batches (in its workers), never the module itself."""
@@ -276,6 +246,9 @@ class SentEmbMethod(LightningModule):
         """Off with gradient caching, which runs its own backward passes and optimizer step."""
         return not self.hparams.grad_cache_chunk
 
+    guide_drop = steps.guide_drop
+    sentence_loss = steps.sentence_loss
+    training_loss = steps.training_loss
     step_loss = steps.step_loss
     grad_cache_backward = grad_cache.grad_cache_backward
     training_step = steps.training_step

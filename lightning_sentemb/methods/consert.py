@@ -234,23 +234,27 @@ class ConSERT(SentEmbMethod):
 
     def adversarial_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """The other view and a clean copy of the adversarial one in one forward, recording the embedding
-        output; the loss between them; its gradient with respect to the clean copy's embedding output
-        (every process's anchors' terms, through the gathers' backward); the adversarial rows: that
-        output plus the FGV step, forwarded again; the loss between the other view and them."""
+        output; the loss between them (with a guide model's mask, which the second loss reuses); its
+        gradient with respect to the clean copy's embedding output (every process's anchors' terms, through
+        the gathers' backward); the adversarial rows: that output plus the FGV step, forwarded again; the
+        loss between the other view and them."""
         features = batch["features"]
         rows = features["input_ids"].size(0) // 2
         adversarial = list(self.hparams.augmentations).index("adversarial")
         span = slice(adversarial * rows, (adversarial + 1) * rows)
         with self.encoder.recording() as recorded:
             embeddings = self.embed(features)
-        attack_loss, _ = self.sentence_loss(embeddings, batch)
+        guided = self.guide_drop(embeddings, batch)
+        attack_loss, _ = self.sentence_loss(embeddings, batch, guided)
         (gradient,) = torch.autograd.grad(attack_loss, recorded[0], retain_graph=True)
         clean = recorded[0][span]
         replaced = {**rows_of(features, span, self.encoder.combine_keys),
                     "embedding_replacement": clean + fgv_perturbation(gradient[span], self.hparams.adversarial_norm)}
         views = list(embeddings.unflatten(0, (2, -1)))
         views[adversarial] = self.embed(replaced)
-        return self.sentence_loss(torch.cat(views), batch)
+        # a guide model judges the texts, the same for both losses (embedded once); `self` judges the new rows
+        reuse = self.guide is not None and not self.guide.is_self
+        return self.sentence_loss(torch.cat(views), batch, guided if reuse else None)
 
 
 def check_augmentations(augmentations: Sequence[str], grad_cache_chunk: int, span_cutoff: str, dropout_draw: str,

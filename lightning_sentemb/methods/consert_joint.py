@@ -22,11 +22,11 @@ from typing import Any
 
 from torch import Tensor
 
-from ..data.nli_pairs import NLI_LABELS
+from ..data.nli_pairs import pair_labels, premises_then_hypotheses
 from ..errors import SentEmbUserError
 from ..losses.nli_softmax import NLISoftmaxLoss
 from .consert import Augmentation, ConSERT, ConSERTViews
-from .sbert import SBERTViews, pair_labels, premises_then_hypotheses, refuse_options
+from .sbert import SBERTViews, refuse_options
 
 __all__ = ["ConSERTJoint"]
 
@@ -84,9 +84,7 @@ class ConSERTJoint(ConSERT):
         if classifier_view not in (0, 1):
             raise SentEmbUserError(f"model.init_args.classifier_view must be 0 or 1, got {classifier_view!r}")
         super().__init__(backbone, augmentations=augmentations, loss_weight=loss_weight, lr=lr, **kwargs)
-        self.loss_fn = NLISoftmaxLoss(self.output_size, len(NLI_LABELS), concatenation_sent_rep,
-                                      concatenation_sent_difference, concatenation_sent_multiplication,
-                                      concatenation_sent_max_square)
+        self.loss_fn = NLISoftmaxLoss.from_options(self.output_size, self.hparams)
 
     def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         views = [view.unflatten(0, (2, -1)) for view in embeddings.unflatten(0, (2, -1))]  # [premises, hypotheses]

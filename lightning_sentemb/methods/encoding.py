@@ -1,5 +1,6 @@
-"""How a trained method embeds raw sentences: `encode` (one process) and `encode_across_ranks` (every
-rank of the process group), under the evaluation autocast. Every evaluator, export check and
+"""How a method embeds: `embed` (features to sentence vectors, the training MLP where it applies), and
+for raw sentences `encode` (one process) and `encode_across_ranks` (every rank of the process group),
+under the evaluation autocast. Every evaluator, export check and
 callback goes through these; `SentEmbMethod` exposes them as its methods."""
 
 from __future__ import annotations
@@ -14,6 +15,24 @@ from ..distributed import gather_strided_rows, world
 from ..encoders.memory import DTYPES
 from ..fsdp import grad_free
 from ..precision import autocast_for
+
+
+def embed(method: LightningModule, features: dict[str, Tensor]) -> Tensor:
+    """Sentence vectors; the MLP applies in training, and at evaluation only with mlp='always'."""
+    if method.encoder.weights_deferred:  # built with `cls(...)` alone: one line instead of a meta-device error
+        raise RuntimeError(f"{type(method).__name__}: no weights yet; build it with build_method(cls, ...)")
+    return method.project(method.encoder(features))
+
+
+def project(method: LightningModule, pooled: Tensor) -> Tensor:
+    """The MLP over pooled sentence vectors where it applies (see `embed`)."""
+    mlp = method.mlp if method.training else method.eval_mlp
+    return mlp(pooled) if mlp is not None else pooled
+
+
+def features_from_ids(method: LightningModule, sentence_ids: list[list[int]]) -> dict[str, Tensor]:
+    """Evaluation inputs (method's format, evaluation truncation) from token ids."""
+    return method.encoder.format.build(sentence_ids, method.eval_length)
 
 
 def sentence_features(method: LightningModule, sentences: list[str]) -> dict[str, Tensor]:

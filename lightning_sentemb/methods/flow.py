@@ -32,7 +32,6 @@ gradient caching (the loss is per sentence: accumulation is exact) and FSDP are 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -46,7 +45,7 @@ from ..encoders.glow import Coupling, Glow, Mixing
 from ..encoders.plain import Encoder
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
-from . import checkpoint_state, steps
+from . import steps
 from .base import MlpMode, Pooler, SentEmbMethod
 from .collator import Collator
 
@@ -121,7 +120,6 @@ class BERTFlow(SentEmbMethod):
                                    "the loss is per sentence, so trainer.accumulate_grad_batches is exact)")
         self.flow = Glow(self.encoder.hidden_size, flow_levels, flow_depth, flow_coupling_width, flow_coupling,
                          flow_mixing)
-        self.flow_started = False  # mirrors `flow.initialized`, read from state dicts, never from the device
 
     def build_encoder(self) -> Encoder:
         return FrozenEncoder(self.hparams.backbone, self.hparams.pooler)
@@ -135,7 +133,7 @@ class BERTFlow(SentEmbMethod):
         """−log p(x) / (d·ln 2), the mean over the batch's sentences; the first batch starts the flow."""
         with torch.no_grad():
             pooled = self.encoder(batch["features"]).float()
-        if not self.flow_started:
+        if not self.flow.is_initialized:  # the host's copy: no device read a step
             self.start_flow(gather_with_grad(pooled))
         with torch.autocast(pooled.device.type, enabled=False):
             log_likelihood = self.flow(pooled)[1]
@@ -155,13 +153,6 @@ class BERTFlow(SentEmbMethod):
                 "no maximum; choose another model.init_args.pooler (avg_first_last mixes in the first layer)"
             )
         self.flow.initialize_(pooled)
-        self.flow_started = True
-
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
-        loaded = checkpoint_state.load_state_dict(self, state_dict, strict, assign)
-        if "flow.initialized" in state_dict:
-            self.flow_started = bool(state_dict["flow.initialized"])
-        return loaded
 
     def configure_optimizers(self) -> dict[str, Any]:
         configured = steps.configure_optimizers(self)

@@ -9,9 +9,9 @@ drops a candidate whose text is the anchor's positive's: Qwen3-Embedding's secon
 model what sentence-transformers gets from its no-duplicates batch sampler (off: `GISTEmbedLoss`
 exactly).
 
-`SentEmbMethod.sentence_loss` computes the mask once a batch, from the full-size embeddings (every
-Matryoshka truncation, the cached loss of gradient caching, each DDP rank: the same mask), and passes it
-to the method's `embedding_loss` as `drop`.
+`SentEmbMethod.sentence_loss` computes the mask once a batch (`guide_drop`), from the full-size embeddings of
+the views the loss reads (every Matryoshka truncation, the cached loss of gradient caching, each DDP rank:
+the same mask), and passes it to the method's `embedding_loss` as `drop`.
 
 Its inputs: the batch holds the trainee's token ids, which a guide with another tokenizer, template
 or length cannot read. The collator decodes each row's ids back to text (`Collator.add_guide_texts`,
@@ -134,11 +134,11 @@ class Guide:
 
     @torch.no_grad()
     def rows(self, embeddings: Tensor, batch: dict[str, Any]) -> Tensor:
-        """The guide's embedding of each of `embeddings`' rows (the batch's views, in order): the rows
+        """The guide's embedding of each of `embeddings`' rows (the batch's first views, in order): the rows
         themselves, detached, for `self`; else the guide's embeddings of the rows' texts."""
         if self.is_self:
             return embeddings.detach()
-        texts: list[str] = batch["texts"]
+        texts: list[str] = batch["texts"][: embeddings.size(0)]
         position: dict[str, int] = {}
         index = [position.setdefault(text, len(position)) for text in texts]
         model = self.model(embeddings.device)
@@ -152,19 +152,25 @@ class Guide:
             unique = model.embed_features(features).float()
         return unique.index_select(0, index_tensor.to(unique.device, non_blocking=True))
 
-    def drop(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def drop(
+        self, embeddings: Tensor, batch: dict[str, Any], candidate_views: int | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """(n, columns) the negatives the guide drops, for a loss that scores view 0's rows (the anchors)
         against the global batch's rows of views 1, 2, ... in that order (SimCSE's positives then hard
-        negatives); and the fraction dropped, to log. Under DDP the guide's rows (and the rows' keys) are
-        gathered as the method gathers its own, so column j is the same row for both."""
-        views = self.rows(embeddings, batch).unflatten(0, (batch["num_views"], -1))
+        negatives); and the fraction dropped, to log. `candidate_views`: how many of those views the loss
+        reads (None: all); the guide embeds only those (SNCSE's negations, which its InfoNCE never reads,
+        are not embedded). Under DDP the guide's rows (and the rows' keys) are gathered as the method
+        gathers its own, so column j is the same row for both."""
+        read = batch["num_views"] if candidate_views is None else 1 + candidate_views
+        rows = embeddings.size(0) // batch["num_views"] * read
+        views = self.rows(embeddings[:rows], batch).unflatten(0, (read, -1))
         candidates = torch.cat([gather_with_grad(view) for view in views[1:]])
         keys = None
         if self.settings["drop_duplicates"]:
             if "row_keys" not in batch:
                 raise SentEmbUserError(f"{OPTION}.drop_duplicates: the batch has no row_keys; a collator of your own "
                                        "calls `self.add_guide_texts(batch, rows)` (docs/negatives.md), or set it false")
-            key_views = batch["row_keys"].to(embeddings.device).unflatten(0, (batch["num_views"], -1))
+            key_views = batch["row_keys"][:rows].to(embeddings.device).unflatten(0, (read, -1))
             keys = torch.cat([gather_with_grad(view) for view in key_views[1:]])
         s = self.settings
         mask = false_negative_mask(views[0], candidates, local_labels(views.size(1), views.device), s["margin"],

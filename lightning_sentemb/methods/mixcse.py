@@ -16,7 +16,7 @@ the checkpoint, reads the MLP, while its test (`evaluation.py --pooler cls_befor
 
 Under DDP the global batch is put in its examples' order (as one process holds it) and the partners are
 drawn over it from (run seed, global step) on every rank, so k processes mix as one; the draw repeats
-after a resume and is shared by every Matryoshka truncation.
+after a resume and is made once for every Matryoshka truncation (`prepare_truncations`).
 """
 
 from __future__ import annotations
@@ -104,6 +104,13 @@ class MixCSE(SentEmbMethod):
                                    f"{total - 1} other sentences to mix with; lower it or raise data.batch_size")
         return mixing_partners(total, hp.num_mixed, hp.mix_with, generator, device)
 
+    def prepare_truncations(self, embeddings: Tensor, batch: dict[str, Any]) -> dict[str, Any]:
+        """Matryoshka: the paper layout's partners drawn once a step, shared by every truncation."""
+        if self.hparams.mix_layout == "reference":  # it mixes each sentence with the next: nothing drawn
+            return batch
+        total = embeddings.size(0) // batch["num_views"] * world()[1]
+        return {**batch, "partners": self.partners(total, embeddings.device)}
+
     def embedding_loss(
         self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -125,5 +132,6 @@ class MixCSE(SentEmbMethod):
             all_anchors = gather_with_grad(anchors.detach() if hp.stop_gradient else anchors)
             all_anchors = all_anchors if order is None else all_anchors.index_select(0, order)
             return self.loss_fn.reference(anchors, positives, all_anchors, labels, drop), {}
-        partners = self.partners(positives.size(0), device)[labels]
+        drawn = batch["partners"] if "partners" in batch else self.partners(positives.size(0), device)
+        partners = drawn[labels]
         return self.loss_fn.paper(anchors, positives, labels, partners, drop), {}

@@ -15,26 +15,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from ..data.nli_pairs import LABELLED_COLUMNS, NLI_LABELS
+from ..data.nli_pairs import LABELLED_COLUMNS, pair_labels, premises_then_hypotheses
 from ..errors import SentEmbUserError
 from ..losses.nli_softmax import NLISoftmaxLoss
 from .base import MlpMode, Pooler, SentEmbMethod
 from .collator import Collator
 
 __all__ = ["SBERT"]
-
-
-def premises_then_hypotheses(examples: list[dict[str, Any]]) -> list[list[int]]:
-    """The pairs' sentences as the classifier's batch holds them: the premises, then the hypotheses."""
-    return [example["premise"] for example in examples] + [example["hypothesis"] for example in examples]
-
-
-def pair_labels(examples: list[dict[str, Any]]) -> torch.Tensor:
-    """The pairs' labels (indices of `NLI_LABELS`)."""
-    return torch.tensor([example["label"] for example in examples], dtype=torch.long)
 
 
 class SBERTViews(Collator):
@@ -75,9 +64,7 @@ class SBERT(SentEmbMethod):
         refuse_options(type(self).__name__, kwargs, guide="its classification loss has no in-batch negatives to "
                        "filter")
         super().__init__(backbone, pooler=pooler, mlp=mlp, lr=lr, **kwargs)
-        self.loss_fn = NLISoftmaxLoss(self.output_size, len(NLI_LABELS), concatenation_sent_rep,
-                                      concatenation_sent_difference, concatenation_sent_multiplication,
-                                      concatenation_sent_max_square)
+        self.loss_fn = NLISoftmaxLoss.from_options(self.output_size, self.hparams)
 
     def embedding_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         premises, hypotheses = embeddings.unflatten(0, (2, -1))

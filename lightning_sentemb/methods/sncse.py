@@ -59,6 +59,7 @@ class SNCSE(PromptBERT):
     """
 
     collator_class = SNCSEViews
+    guide_candidate_views = 1  # the InfoNCE scores the positives; the negations only meet the BML term
 
     def __init__(self, backbone: str, bml_weight: float = 1e-3, bml_alpha: float = 0.1, bml_beta: float = 0.3,
                  denoise_train: bool = False, lr: float = 1e-5, **kwargs: Any) -> None:
@@ -71,6 +72,4 @@ class SNCSE(PromptBERT):
         anchors, positives, soft_negatives = embeddings.unflatten(0, (3, -1))
         positives = gather_with_grad(positives)
         labels = local_labels(anchors.size(0), anchors.device)
-        if drop is not None:  # the guide judges every later view; the InfoNCE scores the positives only
-            drop = drop[:, : positives.size(0)]
         return self.loss_fn(anchors, positives, labels, soft_negatives, drop)

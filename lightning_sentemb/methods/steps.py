@@ -1,13 +1,15 @@
-"""The training loop's side of a method: the objective of a step (the method's loss plus the weighted
-MLM loss, in one forward or with gradient caching), the per-batch seeding that makes a resumed run
-draw what the uninterrupted one drew, the optimizer and schedule, and the trainer options a method
-refuses. `SentEmbMethod`'s Lightning hooks are these functions."""
+"""The training loop's side of a method: the objective of a step (the method's loss, with the guide's
+mask and over Matryoshka truncations, plus the weighted MLM loss, in one forward or with gradient
+caching), the per-batch seeding that makes a resumed run draw what the uninterrupted one drew, the
+optimizer and schedule, and the trainer options a method refuses.
+`SentEmbMethod`'s Lightning hooks are these functions."""
 
 from __future__ import annotations
 
 import math
 import random
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,11 +20,44 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import get_linear_schedule_with_warmup
 
+from .. import matryoshka
 from ..data.datamodule import batch_seed
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
 from ..losses.mlm import token_prediction_loss
 from .checkpoint_state import trainable_summary
+
+Guided = tuple[Tensor | None, dict[str, Tensor]]  # the guide's mask (None: no guide) and what it logs
+
+
+def guide_drop(method: LightningModule, embeddings: Tensor, batch: dict[str, Any]) -> Guided:
+    """The guide's mask over the views the loss reads (`guide_candidate_views`) and what it logs; (None, {})
+    without a guide. Once per batch, at full size, for every truncation."""
+    if method.guide is None:
+        return None, {}
+    return method.guide.drop(embeddings, batch, method.guide_candidate_views)
+
+
+def sentence_loss(
+    method: LightningModule, embeddings: Tensor, batch: dict[str, Any], guided: Guided | None = None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The method's `embedding_loss`, given the guide's mask when there is a guide (`guided`: the mask a
+    caller already has for these texts; else `guide_drop`'s); with `matryoshka_dims`, summed over
+    truncations (`matryoshka_loss`)."""
+    drop, guide_logs = guided if guided is not None else method.guide_drop(embeddings, batch)
+    loss_fn = method.embedding_loss if drop is None else partial(method.embedding_loss, drop=drop)
+    dims = method.hparams.matryoshka_dims
+    if not dims:
+        loss, logs = loss_fn(embeddings, batch)
+    else:
+        batch = method.prepare_truncations(embeddings, batch)
+        loss, logs = matryoshka.matryoshka_loss(loss_fn, embeddings, batch, dims, method.hparams.matryoshka_weights)
+    return loss, {**logs, **guide_logs}
+
+
+def training_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss, extra values to log) of one training batch embedded in one forward pass."""
+    return method.sentence_loss(method.embed(batch["features"]), batch)
 
 
 def step_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:

@@ -136,3 +136,23 @@ def test_exact_fp32_restores_the_matmul_precision():
         assert torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def test_the_shared_cosine_steps_stay_fp32_and_equal_the_matrix():
+    """`paired_cosine` (SNCSE's pairs, MixCSE's mixes, broadcast) and `contrastive_logits` (every InfoNCE's
+    logits) read their cosines as `cosine_matrix` does: fp32 under bf16 autocast, and the same values."""
+    from lightning_sentemb.losses.info_nce import contrastive_logits, cosine_matrix, paired_cosine
+
+    generator = torch.Generator().manual_seed(0)
+    anchors, mixes = torch.randn(4, 16, generator=generator), torch.randn(4, 3, 16, generator=generator)
+    drop = torch.zeros(4, 4, dtype=torch.bool)
+    drop[0, 2] = True
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        paired = paired_cosine(anchors[:, None], mixes.bfloat16())
+        logits = contrastive_logits(anchors.bfloat16(), anchors, 0.05, drop=drop)
+    assert paired.dtype == logits.dtype == torch.float32 and paired.shape == (4, 3)
+    by_row = torch.stack([cosine_matrix(anchors[i, None], mixes[i].bfloat16())[0] for i in range(4)])
+    torch.testing.assert_close(paired, by_row, rtol=1e-6, atol=1e-6)
+    want = cosine_matrix(anchors.bfloat16(), anchors) / 0.05
+    assert logits[0, 2] == float("-inf")
+    torch.testing.assert_close(logits[~drop], want[~drop], rtol=1e-6, atol=1e-5)

@@ -2,8 +2,8 @@
 JSON report in a folder it names.
 
     make gpu-check                       # installs the kit's wheels from $(GPU_KIT) first, when present
-    python3 benchmarks/gpu_check.py [--output DIR] [--budget 480]
-    python3 benchmarks/gpu_check.py --device cpu --smoke   # development: every part on tiny models, on CPU
+    python3 gpucheck/gpu_check.py [--output DIR] [--budget 480]
+    python3 gpucheck/gpu_check.py --device cpu --smoke   # development: every part on tiny models, on CPU
 
 It needs no package index, no hub and no data: the models are built here with random weights
 (`random_models`), the sentences are synthetic. The parts, in this order, each in its own process
@@ -59,7 +59,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
+# its own modules, then the benchmarks' random models and timing helpers it borrows
+sys.path[:0] = [str(REPO / "gpucheck"), str(REPO / "benchmarks"), str(REPO)]
 
 BUDGET_S = 480  # the default --budget on a GPU
 REPORT_RESERVE_S = 5  # kept back from the budget to write the report
@@ -185,7 +186,7 @@ def main() -> None:
         raise SystemExit(2) from None
     if options.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); run it on a CUDA machine "
-              "(docs/benchmarks.md)")
+              "(docs/gpu-check.md)")
         raise SystemExit(2)
     started = datetime.now(timezone.utc)
     folder = Path(options.output or REPO / "out" / "gpu-check" / started.strftime("%Y%m%d-%H%M%S")).resolve()

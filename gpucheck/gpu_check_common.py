@@ -1,4 +1,4 @@
-"""What every part of `make gpu-check` (`benchmarks/gpu_check.py`) reads: the sizes, the context of a part
+"""What every part of `make gpu-check` (`gpucheck/gpu_check.py`) reads: the sizes, the context of a part
 (device, model folders, sentences), a part's result from its rows, and the helpers the Trainer-driven parts
 share. Imports nothing heavy at module level: the parent process answers "no CUDA" after importing torch
 alone."""

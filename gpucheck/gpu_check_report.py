@@ -64,7 +64,7 @@ DESCRIPTIONS = {
     "throughput_clusterns": "Median step in `Trainer.fit` (bf16-mixed), K-means callback included. Before: σ −1, "
                             "the criterion never holds (plain InfoNCE and the σ test every step); after: σ 1, "
                             "clustering starts at the first step.",
-    "bf16_steps": "Every training path of `benchmarks/gpu_check_paths.py` (a row each: the method, its options, "
+    "bf16_steps": "Every training path of `gpucheck/gpu_check_paths.py` (a row each: the method, its options, "
                   "the batch kind and the model), batch 32, 4 steps of `Trainer.fit` (bf16-mixed, fused AdamW, the "
                   "method's `training_step` with its logging and its callbacks: what `sentemb fit` runs). Checked: "
                   "loss and trainable weights finite, the trainable tensors updated, the logs an option must write "
