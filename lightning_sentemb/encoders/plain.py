@@ -114,11 +114,14 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     format put in `features["pool_position"]` (the [MASK] token, or a decoder template's last token).
     `echo_mean` / `echo_last`: the mean / the last token of an echo template's second copy
     (`features["echo_mask"]`, `encoders.echo`).
+    The mean poolers average over `features["pool_mask"]` where the rows carry one (queries whose
+    instruction stays out of the vector, `encoders.instruction`), else over the attention mask.
     `avg_first_last` averages hidden_states[first_hidden_index] and the last layer:
     index 1 (first transformer layer, default) follows BERT-whitening and SimCSE's current code;
     index 0 (the embedding output) is what SimCSE's first release used.
     """
     attention_mask = features["attention_mask"]
+    mean_mask = features.get("pool_mask", attention_mask)
     hidden = outputs.last_hidden_state
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     if pooler in ("cls", "cls_before_pooler"):
@@ -128,17 +131,17 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor], first_hidden_in
     if pooler == "mask":
         return hidden[rows, features["pool_position"]]
     if pooler == "avg":
-        return masked_mean(hidden, attention_mask)
+        return masked_mean(hidden, mean_mask)
     if pooler == "echo_mean":
         return masked_mean(hidden, features["echo_mask"])
     if pooler == "echo_last":
         return hidden[rows, last_token_positions(features["echo_mask"])]
     if pooler == "avg_first_last":
         states = outputs.hidden_states
-        return masked_mean((states[first_hidden_index] + states[-1]) / 2.0, attention_mask)
+        return masked_mean((states[first_hidden_index] + states[-1]) / 2.0, mean_mask)
     if pooler == "avg_top2":
         states = outputs.hidden_states
-        return masked_mean((states[-1] + states[-2]) / 2.0, attention_mask)
+        return masked_mean((states[-1] + states[-2]) / 2.0, mean_mask)
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 

@@ -17,12 +17,14 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from .. import grad_cache, matryoshka
+from ..data.mixture import MixtureSource
 from ..backbones import family_of
 from ..encoders.echo import EchoEncoder
 from ..encoders.lora import LoraSettings
 from ..encoders.memory import BackboneDtype
 from ..encoders.plain import POOLERS, Encoder
 from ..encoders.pretrained import load_config
+from ..errors import SentEmbUserError
 from . import checkpoint_state, encoding, steps, validation
 from .building import (
     AttnImplementation,
@@ -101,6 +103,12 @@ class SentEmbMethod(LightningModule):
             the anchor's positive less the margin leave the denominator) or `self` (Qwen3-Embedding's: the
             model's own detached similarities, above the positive + 0.1); a candidate whose text is the
             positive's leaves too (`drop_duplicates`). See `methods.guide` and docs/negatives.md; null = off.
+        pool_instruction: whether a query's instruction (a mixture dataset's, `data.datasets`) is pooled
+            with its text by the mean poolers; false (LLM2Vec's, NV-Embed's) averages the text only
+            (`encoders.instruction`). cls and last read one token either way.
+        prompts: name -> the text written before a query (formatted: `Instruct: ...\nQuery: `), what the
+            export carries (`config_sentence_transformers.json`) and `sentemb evaluate --mteb` offers mteb;
+            `sentemb fit` fills it from the instructions of `data.datasets`. docs/mixtures.md.
     """
 
     manual_gradient_clip: tuple[float | None, str | None] = (None, None)
@@ -136,6 +144,8 @@ class SentEmbMethod(LightningModule):
         bidirectional: bool = False,
         template: str | None = None,
         guide: GuideOption = None,
+        pool_instruction: bool = False,
+        prompts: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -177,6 +187,10 @@ class SentEmbMethod(LightningModule):
 
     collator_class: type[Collator] = Collator
     """The method's training views (`collator`)."""
+
+    mixture_options: frozenset[str] = frozenset()
+    """The settings of a mixture's dataset (`data.datasets`) this method applies beyond its rows
+    (`check_source`): `instruction`, `in_batch_negatives` (false), `query_max_len`, `doc_max_len`."""
 
     def embedding_loss(
         self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
@@ -234,9 +248,25 @@ class SentEmbMethod(LightningModule):
     eval_autocast = encoding.eval_autocast
 
     # ----- training ---------------------------------------------------------------------
+    def check_source(self, source: MixtureSource) -> None:
+        """One line for a mixture's dataset asking what this method does not apply (`mixture_options`);
+        checked on every batch from a mixture (a few attribute reads, on the host)."""
+        asked = {"instruction": bool(source.instruction_ids), "in_batch_negatives": not source.in_batch_negatives,
+                 "query_max_len": source.query_max_len is not None, "doc_max_len": source.doc_max_len is not None}
+        refused = [option for option, set_ in asked.items() if set_ and option not in self.mixture_options]
+        if refused:
+            raise SentEmbUserError(f"data.datasets.{source.name}.{refused[0]}: {type(self).__name__} does not apply it "
+                                   "(SimCSE does, docs/mixtures.md); remove it from that dataset")
+        if source.instruction_ids and self.hparams.template is not None:
+            raise SentEmbUserError(f"data.datasets.{source.name}.instruction: model.init_args.template wraps the "
+                                   "sentence in a template of its own; instructions go before plain input only")
+
     def sentence_loss(self, embeddings: Tensor, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         """The method's `embedding_loss`, given the guide's mask when there is a guide; with
-        `matryoshka_dims`, summed over truncations (`matryoshka_loss`)."""
+        `matryoshka_dims`, summed over truncations (`matryoshka_loss`). A batch from a mixture's dataset
+        is checked against what the method applies first (`check_source`)."""
+        if "dataset" in batch:
+            self.check_source(batch["dataset"])
         loss_fn, guide_logs = self.embedding_loss, {}
         if self.guide is not None:  # once per batch, at full size, for every truncation
             drop, guide_logs = self.guide.drop(embeddings, batch)
