@@ -170,3 +170,25 @@ def test_a_method_that_does_not_apply_a_dataset_setting_refuses_it_in_one_line(t
     echo = build_method(SimCSE, tiny_bert, template="echo")
     with pytest.raises(SentEmbUserError, match="template wraps the sentence"):
         echo.check_source(source)
+
+
+def test_an_export_encodes_with_its_prompts_as_we_do(tiny_bert, tmp_path):
+    """sentence-transformers puts the prompt before the text and leaves its tokens (with [CLS]) out of the
+    mean (`include_prompt: false`): our `encode(prompt=...)`, the instruction tokenized apart as in training."""
+    from sentence_transformers import SentenceTransformer
+
+    from lightning_sentemb.export import export
+    from lightning_sentemb.loading import load_embedder
+
+    prefix = instruction_prefix("Retrieve a sentence that means the same")
+    method = no_dropout(build_method(SimCSE, tiny_bert, pooler="avg", mlp="none", prompts={"nli": prefix}))
+    folder = export(method, tmp_path / "export")
+    model = SentenceTransformer(str(folder), device="cpu")
+    assert model.prompts["nli"] == prefix and model.default_prompt_name is None
+    ours = method.encode(QUERIES, prompt=prefix)
+    theirs = model.encode(QUERIES, prompt_name="nli", convert_to_tensor=True)
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.encode(DOCS, convert_to_tensor=True), method.encode(DOCS), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(ours, method.encode(QUERIES), atol=1e-4)  # the prompt matters
+    # the folder read back by `sentemb evaluate` offers the same prompts to MTEB
+    assert load_embedder(str(folder), pooler="avg").prompts == {"nli": prefix}
