@@ -127,7 +127,8 @@ def load_embedder(
                                           show_progress_bar=bool(show_progress), prompt=prompt)
             return embeddings.float().cpu()
 
-        return Embedder(encode_export, model.get_embedding_dimension(), {name: text for name, text in model.prompts.items() if text})
+        prompts = {name: text for name, text in model.prompts.items() if text}  # not its empty defaults
+        return Embedder(encode_export, model.get_embedding_dimension(), prompts)
     method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,
                          **overrides).to(device)
 

@@ -103,7 +103,8 @@ def own_candidates_by_hand(anchors, positives, negatives, temperature, weight):
     """A loop over the rows: each anchor's softmax over its positive and its own hard negative."""
     losses = []
     for a, p, n in zip(anchors, positives, negatives, strict=True):
-        logits = torch.stack([F.cosine_similarity(a, p, dim=0), F.cosine_similarity(a, n, dim=0) + weight * temperature])
+        logits = torch.stack([F.cosine_similarity(a, p, dim=0),
+                              F.cosine_similarity(a, n, dim=0) + weight * temperature])
         losses.append(-torch.log_softmax(logits / temperature, 0)[0])
     return torch.stack(losses).mean()
 

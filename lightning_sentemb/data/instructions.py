@@ -10,7 +10,8 @@ from ..errors import SentEmbUserError
 E5_FORMAT = "Instruct: {instruction}\nQuery: "
 
 
-def instruction_prefix(instruction: str, instruction_format: str = E5_FORMAT, option: str = "instruction_format") -> str:
+def instruction_prefix(instruction: str, instruction_format: str = E5_FORMAT,
+                       option: str = "instruction_format") -> str:
     """The text put before a query: `instruction_format` filled with `instruction`; '' for no instruction."""
     if not instruction:
         return ""

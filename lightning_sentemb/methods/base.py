@@ -17,8 +17,8 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
 from .. import grad_cache, matryoshka
-from ..data.mixture import MixtureSource
 from ..backbones import family_of
+from ..data.mixture import MixtureSource
 from ..encoders.echo import EchoEncoder
 from ..encoders.lora import LoraSettings
 from ..encoders.memory import BackboneDtype

@@ -23,7 +23,8 @@ def sentence_features(method: LightningModule, sentences: list[str]) -> dict[str
     return method.features_from_ids(method.encoder.format.sentence_ids(sentences))
 
 
-def prompted_features(method: LightningModule, sentence_ids: list[list[int]], prompt_ids: list[int]) -> dict[str, Tensor]:
+def prompted_features(method: LightningModule, sentence_ids: list[list[int]],
+                      prompt_ids: list[int]) -> dict[str, Tensor]:
     """Evaluation inputs of queries with a prompt (an instruction, formatted) before them, pooled as in
     training (`pool_instruction`, `encoders.instruction`); a method without instructions refuses it."""
     if "instruction" not in method.mixture_options or method.hparams.get("template") is not None:
