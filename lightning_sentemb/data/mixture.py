@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from datasets import Dataset as ArrowDataset
 from torch.utils.data import Dataset
@@ -37,11 +37,12 @@ FORMATS = {"sentences": ("sent0",), "pairs": ("sent0", "sent1"), "triplets": ("s
 KEYS = ("path", "format", "columns", "weight", "instruction", "in_batch_negatives", "query_max_len", "doc_max_len")
 
 
-@dataclass(frozen=True)
-class MixtureSource:
+class MixtureSource(NamedTuple):
     """The dataset a training example (key `"mixture"`) and its batch (`batch["dataset"]`) come from:
     host-side values, read by the collators (instruction, lengths) and the loss (in-batch negatives)
-    and logged by name, never a device read."""
+    and logged by name, never a device read. Immutable; a named tuple, not a frozen dataclass, because
+    Lightning's move of the batch to the device rebuilds every dataclass in it, which a frozen one refuses
+    (a named tuple it rebuilds field by field, unchanged)."""
 
     index: int
     name: str
