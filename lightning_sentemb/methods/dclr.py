@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data.datamodule import batch_seed
+from ..data.loader import batch_seed
 from ..distributed import gather_with_grad, local_labels
 from ..errors import SentEmbUserError, check_choice
 from ..losses.dclr import Objective, dclr_loss, harder_noise

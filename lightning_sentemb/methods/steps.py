@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import get_linear_schedule_with_warmup
 
-from ..data.datamodule import batch_seed
+from ..data.loader import batch_seed
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
 from ..losses.mlm import token_prediction_loss
@@ -52,6 +52,8 @@ def training_step(method: LightningModule, batch: dict[str, Any], batch_idx: int
     # not prog_bar: Lightning would read it back every step; `SentEmbProgressBar` shows it at log steps
     method.log("train/loss", loss, batch_size=batch_size)
     method.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=batch_size)
+    if "dataset" in batch:  # a mixture's batch: its dataset's own curve, at the steps it draws (a host-side name)
+        method.log(f"train/loss/{batch['dataset'].name}", loss, batch_size=batch_size)
     return loss
 
 
