@@ -6,7 +6,6 @@ the composition with gradient caching, Matryoshka and the guide."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
@@ -62,7 +61,7 @@ def test_the_instruction_goes_before_the_queries_only_and_each_side_is_cut_at_it
     assert torch.equal(pool_mask[:4, 1 + len(instruction):], mask[:4, 1 + len(instruction):])
     assert torch.equal(pool_mask[4:], mask[4:])
     with pytest.raises(SentEmbUserError, match=r"data.datasets.nli.query_max_len .*leaves no token"):
-        method.collate(mixture_examples(method, dataclasses.replace(source, query_max_len=len(instruction) + 2)))
+        method.collate(mixture_examples(method, source._replace(query_max_len=len(instruction) + 2)))
 
 
 @pytest.mark.parametrize("backbone, padding_free, pooler", [

@@ -5,6 +5,9 @@ written the same way in all three."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..errors import SentEmbUserError
 
 E5_FORMAT = "Instruct: {instruction}\nQuery: "
@@ -19,3 +22,11 @@ def instruction_prefix(instruction: str, instruction_format: str = E5_FORMAT,
         raise SentEmbUserError(f"{option} {instruction_format!r}: it must contain {{instruction}} (the text follows "
                                f"it), e.g. {E5_FORMAT!r}")
     return instruction_format.replace("{instruction}", instruction)
+
+
+def mixture_prompts(datasets: Mapping[str, Any] | None, instruction_format: str = E5_FORMAT) -> dict[str, str] | None:
+    """name -> the text before that dataset's queries, for the datasets of `data.datasets` with an
+    instruction: what `sentemb fit` gives the method as `prompts` (the export's and MTEB's); None without."""
+    prompts = {str(name): instruction_prefix(entry["instruction"], instruction_format, "data.instruction_format")
+               for name, entry in (datasets or {}).items() if isinstance(entry, Mapping) and entry.get("instruction")}
+    return prompts or None
