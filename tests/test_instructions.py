@@ -6,7 +6,6 @@ the composition with gradient caching, Matryoshka and the guide."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
