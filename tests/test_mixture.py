@@ -175,3 +175,22 @@ def test_unsupervised_simcse_trains_on_a_mixture_of_sentences(tiny_bert, sts_fix
                             "--data.mixture_sampling", "round_robin", "--trainer.max_steps", "4",
                             "--trainer.enable_progress_bar", "false"), callbacks=[recorded])
     assert recorded.steps == [("a", True), ("b", True)] * 2
+
+
+def test_senteval_corpora_of_the_demo_mixture(shared_data, tmp_path):
+    """`senteval:snli-entailment` and `senteval:stsb-pairs` (experiments/demo/mixture.yaml), written once."""
+    import csv
+
+    from lightning_sentemb.data.senteval_corpora import derived_corpus_file
+
+    snli = derived_corpus_file("snli-entailment", shared_data, tmp_path)
+    rows = list(csv.DictReader(snli.open()))
+    assert len(rows) == 6697 and rows[0] == {"sent0": "Two women are embracing while holding to go packages .",
+                                             "sent1": "Two woman are holding packages ."}
+    stsb = list(csv.DictReader(derived_corpus_file("stsb-pairs", shared_data, tmp_path).open()))
+    assert len(stsb) == 1406
+    assert stsb[0] == {"sent0": "a plane is taking off .", "sent1": "an air plane is taking off ."}
+    assert derived_corpus_file("snli-entailment", shared_data, tmp_path) == snli and len(list(tmp_path.iterdir())) == 2
+    with pytest.raises(SentEmbUserError, match="senteval:snli: no such corpus; the SentEval-derived corpora are "
+                                               "senteval:sts, senteval:snli-entailment, senteval:stsb-pairs"):
+        derived_corpus_file("snli", shared_data, tmp_path)

@@ -3,8 +3,8 @@
 
 - `senteval:sts`: the unlabeled sentences of the STS sets (ConSERT's corpus, `data.sts_corpus`);
 - `senteval:snli-entailment`: the entailment pairs (premise, hypothesis) of the mirror's SNLI splits
-  (`senteval/downstream/SNLI`: dev and test, 6,666 pairs), csv `sent0,sent1`;
-- `senteval:stsb-pairs`: STS-B train's pairs scored 4 or more (of 5), csv `sent0,sent1`.
+  (`senteval/downstream/SNLI`: dev and test, 6,697 pairs), csv `sent0,sent1`;
+- `senteval:stsb-pairs`: STS-B train's pairs scored 4 or more (of 5; 1,406 pairs), csv `sent0,sent1`.
 
 Each is written once into the cache directory, named by its source files' identity, then tokenized and
 cached like any corpus file. Whitespace is collapsed as SentEval's readers do.
