@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 from transformers import AutoModel
 
@@ -191,3 +192,32 @@ def test_an_export_encodes_with_its_prompts_as_we_do(tiny_bert, tmp_path):
     assert not torch.allclose(ours, method.encode(QUERIES), atol=1e-4)  # the prompt matters
     # the folder read back by `sentemb evaluate` offers the same prompts to MTEB
     assert load_embedder(str(folder), pooler="avg").prompts == {"nli": prefix}
+
+
+def test_fit_gives_the_method_the_prompts_of_its_datasets(tiny_bert, tmp_path, monkeypatch):
+    """`data.datasets`' instructions, in `data.instruction_format`, become the method's `prompts` (what its
+    export carries): the demo's three (E5's format), and the llm2vec config's 14 (LLM2Vec's format)."""
+    from lightning.pytorch import Trainer
+
+    from lightning_sentemb.lightning_cli import lightning_main
+
+    from .conftest import REPO, write_sts_fixture
+
+    monkeypatch.setattr(Trainer, "fit", lambda *args, **kwargs: None)  # the configured objects, not a run
+    echo_data = write_sts_fixture(tmp_path / "data") / "corpora" / "echo-data"  # the E5 data (empty: not read)
+    echo_data.mkdir(parents=True)
+    for name in yaml.safe_load((REPO / "experiments/llm/llm2vec_supervised.yaml").read_text())["data"]["datasets"]:
+        (echo_data / f"{name}.jsonl").touch()
+    prompts = {}
+    llm2vec_data = ["--data.data_dir", str(tmp_path / "data")]
+    for config, data in (("demo/mixture.yaml", []), ("llm/llm2vec_supervised.yaml", llm2vec_data)):
+        cli = lightning_main(["fit", "-c", str(REPO / "experiments" / config), "--model.init_args.backbone", tiny_bert,
+                              "--model.init_args.lora", "null", "--model.init_args.bidirectional", "false",
+                              "--trainer.default_root_dir", str(tmp_path / config), *data])
+        prompts[config] = cli.model.hparams.prompts
+    assert prompts["demo/mixture.yaml"] == {
+        "snli": "Instruct: Given a premise, retrieve a hypothesis that is entailed by the premise\nQuery: ",
+        "stsb": "Instruct: Retrieve semantically similar text\nQuery: ",
+        "wiki": "Instruct: Retrieve semantically similar text\nQuery: "}
+    llm2vec = prompts["llm/llm2vec_supervised.yaml"]
+    assert len(llm2vec) == 14 and llm2vec["fever"] == "Given a claim, retrieve documents that support or refute the claim; "

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import SentEmbUserError
 from ..evaluation import parse_evaluators
 from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
+from .instructions import E5_FORMAT
 from .loader import ResumableBatchSampler, TrainLoader
 from .mixture import DatasetSpec, MixtureDataset, parse_datasets
 from .mixture_sampler import MixtureBatchSampler, check_sampling
@@ -67,6 +68,8 @@ class SentEmbDataModule(LightningDataModule):
         mixture_sampling: which dataset each batch draws: `proportional` (by size × weight), `temperature`
             (p ∝ weight × size^mixture_alpha) or `round_robin` (`data.mixture_sampler`).
         mixture_alpha: the exponent of `temperature` sampling.
+        instruction_format: how a dataset's instruction is written before its queries, `{instruction}` then
+            the text (E5-mistral's `Instruct: {instruction}\nQuery: ` by default; docs/mixtures.md).
         data_dir: data directory (SimCSE/SentEval layout); default: `$SENTEMB_DATA`, else `./data` if it
             exists, else `../shared/data` (`data.paths.resolve_data_dir`, the rule of every command).
         max_seq_len: training length in tokens, special tokens included (templates come on top).
@@ -101,6 +104,7 @@ class SentEmbDataModule(LightningDataModule):
         datasets: dict[str, Any] | None = None,
         mixture_sampling: str = "proportional",
         mixture_alpha: float = 0.5,
+        instruction_format: str = E5_FORMAT,
         data_dir: str | None = None,
         max_seq_len: int = 32,
         batch_size: int = 64,
@@ -185,8 +189,10 @@ class SentEmbDataModule(LightningDataModule):
         if stage in ("fit", None) and self.train_dataset is None:
             datasets = [self._open(spec) for spec in self.specs]
             tokenizer = self.method.tokenizer
-            self.train_dataset = (MixtureDataset(datasets, [s.source(i, tokenizer) for i, s in enumerate(self.specs)])
-                                  if self.mixture else datasets[0])
+            sources = [s.source(i, tokenizer, self.hparams.instruction_format) for i, s in enumerate(self.specs)]
+            for source in sources if self.mixture else ():  # what the method does not apply: one line, now
+                self.method.check_source(source)
+            self.train_dataset = MixtureDataset(datasets, sources) if self.mixture else datasets[0]
 
     def _open(self, spec: DatasetSpec) -> Any:
         cache = corpus_cache_path(*self._corpus_cache_args(spec), columns=spec.columns)

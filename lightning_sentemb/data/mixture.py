@@ -29,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ..errors import SentEmbUserError
 from .corpus import NUMBERED_HARD_NEGATIVE
+from .instructions import E5_FORMAT, instruction_prefix
 from .table_files import TABLE_SUFFIXES, SideLimits
 
 # the columns each format trains on (hard negatives: `hard_neg` or `hard_neg_1..k`, `corpus.nli_columns`)
@@ -67,8 +68,11 @@ class DatasetSpec:
     query_max_len: int | None = None
     doc_max_len: int | None = None
 
-    def source(self, index: int, tokenizer: PreTrainedTokenizerBase) -> MixtureSource:
-        ids = tokenizer(self.instruction, add_special_tokens=False)["input_ids"] if self.instruction else []
+    def source(self, index: int, tokenizer: PreTrainedTokenizerBase,
+               instruction_format: str = E5_FORMAT) -> MixtureSource:
+        """The dataset as its batches carry it: the instruction written in `instruction_format`, tokenized."""
+        prefix = instruction_prefix(self.instruction, instruction_format, "data.instruction_format")
+        ids = tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
         return MixtureSource(index, self.name, self.instruction, tuple(ids), self.in_batch_negatives,
                              self.query_max_len, self.doc_max_len)
 
