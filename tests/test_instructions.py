@@ -220,4 +220,5 @@ def test_fit_gives_the_method_the_prompts_of_its_datasets(tiny_bert, tmp_path, m
         "stsb": "Instruct: Retrieve semantically similar text\nQuery: ",
         "wiki": "Instruct: Retrieve semantically similar text\nQuery: "}
     llm2vec = prompts["llm/llm2vec_supervised.yaml"]
-    assert len(llm2vec) == 14 and llm2vec["fever"] == "Given a claim, retrieve documents that support or refute the claim; "
+    assert len(llm2vec) == 14
+    assert llm2vec["fever"] == "Given a claim, retrieve documents that support or refute the claim; "
