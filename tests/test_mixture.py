@@ -75,7 +75,8 @@ def test_each_format_is_read_tokenized_once_and_memory_mapped(tiny_bert, tmp_pat
     assert example["sent0"] == ids(sentence(4))[:3] and example["sent1"] == ids(sentence(4, " here"))[:5]
     assert example["hard_neg_3"] == ids(sentence(7))[:5]
     assert example["mixture"] == MixtureSource(2, "retrieval", "", (), False, 5, 7)
-    assert mixture[(1, 0)]["mixture"].instruction_ids == tuple(ids("Find a paraphrase"))
+    # written in data.instruction_format (E5's by default) before it is tokenized
+    assert mixture[(1, 0)]["mixture"].instruction_ids == tuple(ids("Instruct: Find a paraphrase\nQuery: "))
     assert mixture[(3, 11)]["sent1"] == ids(sentence(11, " as well"))
     assert "mixture" not in prepared(None, tmp_path, tmp_path / "cache", tiny_bert,
                                      train_file="nli.csv").train_dataset[0]  # a plain train_file: as before
