@@ -194,3 +194,16 @@ def test_senteval_corpora_of_the_demo_mixture(shared_data, tmp_path):
     with pytest.raises(SentEmbUserError, match="senteval:snli: no such corpus; the SentEval-derived corpora are "
                                                "senteval:sts, senteval:snli-entailment, senteval:stsb-pairs"):
         derived_corpus_file("snli", shared_data, tmp_path)
+
+
+@pytest.mark.slow  # three interpreters loading MiniLM
+def test_the_mixture_benchmark_runs_on_tiny_sizes(tmp_path):
+    """`benchmarks/mixture.py` (`make bench`) end to end on 600 lines: both measurements come back."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "benchmarks/mixture.py", "--lines", "600", "--datasets", "2", "--batches",
+                           "2", "--rounds", "1"], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    result = json.loads(done.stdout[done.stdout.index("{"):])
+    assert result["step time"]["ratio mixture / one file"] > 0 and result["memory (MiB)"]["peak RSS ratio"] > 0
