@@ -207,3 +207,21 @@ def test_the_mixture_benchmark_runs_on_tiny_sizes(tmp_path):
                           cwd=Path(__file__).resolve().parents[1])
     result = json.loads(done.stdout[done.stdout.index("{"):])
     assert result["step time"]["ratio mixture / one file"] > 0 and result["memory (MiB)"]["peak RSS ratio"] > 0
+
+
+def test_the_progress_bar_shows_the_dataset_a_step_drew(monkeypatch):
+    from lightning.pytorch.callbacks import RichProgressBar
+    from lightning.pytorch.callbacks.progress.rich_progress import MetricsTextColumn
+
+    from lightning_sentemb import console
+
+    bar = console.SentEmbProgressBar("val/STSBenchmark-dev")
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda *args: None)  # no live bar to refresh
+    monkeypatch.setattr(console, "at_decision_step", lambda trainer: False)
+    trainer = SimpleNamespace(progress_bar_metrics={}, loggers=[], max_epochs=-1, callback_metrics={})
+    for name in ("nli", "stsb"):
+        bar.on_train_batch_end(trainer, None, None, {"dataset": MixtureSource(1, name)}, 0)
+    bar.on_train_batch_end(trainer, None, None, {"features": {}}, 0)  # a plain batch leaves it as it was
+    column = MetricsTextColumn(trainer, "", " ", bar.theme.metrics_format)
+    column.update(bar.get_metrics(trainer, None))
+    assert list(column._generate_metrics_texts()) == ["dataset: stsb"]
