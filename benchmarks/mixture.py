@@ -22,6 +22,7 @@ tokenizing ten would only take ten times as long). Deleted afterwards.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -67,6 +68,13 @@ def mixture_loader(caches: list[Path], collate):
     return TrainLoader(mixture, sampler, collate, 0)
 
 
+def endless(iterable, sampler):
+    """The batches of `iterable` (a loader or its sampler), epoch after epoch, as a fit draws them."""
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        yield from iterable
+
+
 def timed(iterator, batches: int) -> float:
     """Seconds a batch over the next `batches` batches of a running iterator."""
     start = time.perf_counter()
@@ -80,8 +88,9 @@ def step_time(caches: list[Path], args: argparse.Namespace) -> dict:
     warm-up that draws every dataset once (its permutation is made at its first draw, then once a pass)."""
     collate = method().collator
     plain, mixture = plain_loader(caches[0], collate), mixture_loader(caches[: args.datasets], collate)
-    running = {"one file": iter(plain), "mixture": iter(mixture), "one file sampler": iter(plain.sampler),
-               "mixture sampler": iter(mixture.sampler)}
+    running = {"one file": endless(plain, plain.sampler), "mixture": endless(mixture, mixture.sampler),
+               "one file sampler": endless(plain.sampler, plain.sampler),
+               "mixture sampler": endless(mixture.sampler, mixture.sampler)}
     for iterator in running.values():
         timed(iterator, 10 * args.datasets)
     times: dict[str, list[float]] = {name: [] for name in running}
@@ -100,7 +109,7 @@ def memory_child(caches: list[Path], mixture: bool, batches: int) -> None:
     its peak RSS and, at the end, its private (anonymous) and file-backed (the caches' mapped pages) RSS."""
     collate = method().collator
     loader = mixture_loader(caches, collate) if mixture else plain_loader(caches[0], collate)
-    timed(iter(loader), batches)
+    timed(endless(loader, loader.sampler), batches)
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
     print(json.dumps({key: int(status[key].split()[0]) / 1024 for key in ("VmHWM", "RssAnon", "RssFile")}))
 
