@@ -195,3 +195,35 @@ def test_senteval_corpora_of_the_demo_mixture(shared_data, tmp_path):
     with pytest.raises(SentEmbUserError, match="senteval:snli: no such corpus; the SentEval-derived corpora are "
                                                "senteval:sts, senteval:snli-entailment, senteval:stsb-pairs"):
         derived_corpus_file("snli", shared_data, tmp_path)
+
+
+@pytest.mark.slow  # three interpreters loading MiniLM
+def test_the_mixture_benchmark_runs_on_tiny_sizes(tmp_path):
+    """`benchmarks/mixture.py` (`make bench`) end to end on 600 lines: both measurements come back."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "benchmarks/mixture.py", "--lines", "600", "--datasets", "2", "--batches",
+                           "2", "--rounds", "1"], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    result = json.loads(done.stdout[done.stdout.index("{"):])
+    assert result["step time"]["ratio mixture / one file"] > 0
+    assert result["memory (MiB)"]["ratios against one dataset"]["VmHWM"] > 0
+
+
+def test_the_progress_bar_shows_the_dataset_a_step_drew(monkeypatch):
+    from lightning.pytorch.callbacks import RichProgressBar
+    from lightning.pytorch.callbacks.progress.rich_progress import MetricsTextColumn
+
+    from lightning_sentemb import console
+
+    bar = console.SentEmbProgressBar("val/STSBenchmark-dev")
+    monkeypatch.setattr(RichProgressBar, "on_train_batch_end", lambda *args: None)  # no live bar to refresh
+    monkeypatch.setattr(console, "at_decision_step", lambda trainer: False)
+    trainer = SimpleNamespace(progress_bar_metrics={}, loggers=[], max_epochs=-1, callback_metrics={})
+    for name in ("nli", "stsb"):
+        bar.on_train_batch_end(trainer, None, None, {"dataset": MixtureSource(1, name)}, 0)
+    bar.on_train_batch_end(trainer, None, None, {"features": {}}, 0)  # a plain batch leaves it as it was
+    column = MetricsTextColumn(trainer, "", " ", bar.theme.metrics_format)
+    column.update(bar.get_metrics(trainer, None))
+    assert list(column._generate_metrics_texts()) == ["dataset: stsb"]

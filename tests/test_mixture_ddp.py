@@ -53,7 +53,8 @@ def command(folder: Path, root: Path, backbone: str, data: Path, *callbacks: dic
     config.write_text(json.dumps({"trainer": {"callbacks": [
         {"class_path": "tests.test_resume.RecordLosses", "init_args": {"path": str(root) + ".losses"}},
         {"class_path": "tests.test_mixture_ddp.RecordDatasets", "init_args": {"path": str(root) + ".rows"}},
-        {"class_path": "lightning_sentemb.callbacks.step_checkpoints.StepCheckpoints", "init_args": {"every_n_train_steps": 2}},
+        {"class_path": "lightning_sentemb.callbacks.step_checkpoints.StepCheckpoints",
+         "init_args": {"every_n_train_steps": 2}},
         *callbacks]}}))
     return ["fit", "--model", "lightning_sentemb.methods.SimCSE", "--model.backbone", backbone, "--model.pooler", "cls",
             "--seed_everything", "7", "--data.data_dir", str(data), "--data.datasets", json.dumps(datasets),

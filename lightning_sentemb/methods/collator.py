@@ -27,7 +27,7 @@ class Collator:
 
     Holds the encoder's input format (tokenizer, templates), the longest row it takes, the method's
     hyper-parameters and `generator`, the source of every random draw (MLM masks, sampled templates),
-    which the training loader reseeds for each batch (`data.datamodule.SeededCollate`) so the draws
+    which the training loader reseeds for each batch (`data.loader.SeededCollate`) so the draws
     repeat after a resume whatever the number of workers. A method's subclass contributes its views
     (`__call__`).
     """
