@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/gradcache.py
 	$(BIN)/python benchmarks/lora.py
 	WANDB_MODE=disabled $(BIN)/python benchmarks/data.py
+	$(BIN)/python benchmarks/mixture.py
 	$(BIN)/python benchmarks/mntp.py
 
 # One command on a CUDA GPU: CUDA tests, bf16 steps of every training path, fast paths against plain ones,

@@ -157,7 +157,7 @@ def loader_against_step(options: argparse.Namespace, data_dir: Path) -> None:
     import torch
 
     from lightning_sentemb.data.corpus import open_tokenized_corpus, tokenize_corpus
-    from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
+    from lightning_sentemb.data.loader import ResumableBatchSampler, TrainLoader
     from lightning_sentemb.methods import ConPVP, PromptBERT, SimCSE
 
     print(f"\n2. Loader batches/s (batch 64, max_seq_len 32) against the training step ({BACKBONE}, "

@@ -38,13 +38,14 @@ class SentEmbProgressBar(RichProgressBar):
     """Lightning's Rich bar with three significant digits (a loss of 6.7e-4 shows as 0.00067, not
     0.000), "Epoch N" alone when the run is bounded by steps (Lightning shows "Epoch 0/-2"), the
     training loss of the latest log step (every `log_every_n_steps` steps), the latest value of
-    `monitor` (STS-B dev) once a validation has run, and the right total in a resumed epoch."""
+    `monitor` (STS-B dev) once a validation has run, the dataset a mixture's step drew, and the right total in
+    a resumed epoch."""
 
     def __init__(self, monitor: str, monitor_label: str = "STS-B dev") -> None:
         super().__init__(theme=RichProgressBarTheme(metrics_format=".3g"))
         self.monitor = monitor
         self.monitor_label = monitor_label
-        self.shown: dict[str, float] = {}
+        self.shown: dict[str, float | str] = {}
 
     def _get_train_description(self, current_epoch: int) -> str:
         max_epochs = self.trainer.max_epochs
@@ -64,6 +65,8 @@ class SentEmbProgressBar(RichProgressBar):
                            batch_idx: int) -> None:
         if at_decision_step(trainer):
             self.read_metric(trainer, TRAINING_LOSS, TRAINING_LOSS)
+        if (dataset := drawn_dataset(batch)) is not None:
+            self.shown["dataset"] = dataset
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -101,6 +104,7 @@ class PlainProgress(ProgressBar):
         self._start = self._last_line = 0.0
         self._first_step = 0
         self._sentences = 0
+        self._dataset: str | None = None
 
     @property
     def total_train_batches(self) -> int | float:
@@ -119,6 +123,7 @@ class PlainProgress(ProgressBar):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self._sentences += _examples_in(batch) * trainer.world_size  # shapes only: no device read
+        self._dataset = drawn_dataset(batch)
         every_n = self.every_n_steps or 10 * max(trainer.log_every_n_steps, 1)
         now = time.monotonic()
         if trainer.global_step % every_n == 0 or now - self._last_line >= self.every_seconds:
@@ -141,6 +146,8 @@ class PlainProgress(ProgressBar):
         loss = trainer.callback_metrics.get(TRAINING_LOSS)
         if loss is not None:
             parts.append(f"loss {float(loss):.4g}")
+        if self._dataset is not None:
+            parts.append(f"dataset {self._dataset}")
         if elapsed > 0 and done > 0:
             parts.append(f"{self._sentences / elapsed:,.0f} sentences/s")
         parts.append(f"elapsed {_clock(elapsed)}")
@@ -152,6 +159,11 @@ class PlainProgress(ProgressBar):
     def _line(self, text: str) -> None:
         if self._enabled:
             print(text, flush=True)
+
+
+def drawn_dataset(batch: Any) -> str | None:
+    """The name of the dataset a mixture's batch came from (`batch["dataset"]`, host-side), else None."""
+    return batch["dataset"].name if isinstance(batch, dict) and "dataset" in batch else None
 
 
 def _examples_in(batch: Any) -> int:

@@ -15,6 +15,7 @@ import torch.distributed.nn.functional as dist_fn
 from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment, TorchElasticEnvironment
 from torch import Tensor
 
+from .data.loader import gathered_position
 from .errors import SentEmbUserError
 
 T = TypeVar("T")
@@ -43,7 +44,7 @@ def gather_with_grad(tensor: Tensor) -> Tensor:
 
 def gather_strided_rows(share: Tensor, total: int) -> Tensor:
     """The (total, ...) rows of which each rank holds every world_size-th, starting at its rank
-    (`rows[rank::world_size]`), assembled on every rank in their order. The shares differ by at most one
+    (`data.loader.rank_rows`), assembled on every rank in their order. The shares differ by at most one
     row: each is padded to the largest for the all-gather (on the share's device, as the backend needs)."""
     _, size = world()
     longest = -(-total // size)
@@ -51,8 +52,7 @@ def gather_strided_rows(share: Tensor, total: int) -> Tensor:
     padded[: len(share)] = share
     gathered = [torch.empty_like(padded) for _ in range(size)]
     dist.all_gather(gathered, padded)
-    # row i is rank i % size's row i // size: interleave the shares, then drop the padding at the end
-    return torch.stack(gathered, dim=1).flatten(0, 1)[:total]
+    return torch.cat(gathered).index_select(0, gathered_position(total, size, longest, share.device))
 
 
 def gather_or_raise(work: Callable[[], T], doing: str) -> list[T]:

@@ -23,6 +23,7 @@ from .checkpoint_file import SAFE_GLOBALS, read_checkpoint
 from .config_errors import config_files_in, describe_parse_error
 from .console import PlainProgress, SentEmbModelSummary, SentEmbProgressBar, fit_summary
 from .data.datamodule import SentEmbDataModule
+from .data.instructions import mixture_prompts
 from .distributed import decided_by_rank_zero
 from .errors import SentEmbUserError
 from .loggers import LogFullConfig, LoggerIds, default_loggers, resumed_run, silence_known_noise
@@ -96,6 +97,9 @@ class SentEmbCLI(LightningCLI):
         # One source of truth: the method's `encode` batch follows the data module's evaluation
         # batch (two different values made Lightning stop with "Error while merging hparams").
         parser.link_arguments("data.eval_batch_size", "model.init_args.eval_batch_size")
+        # the instructions of data.datasets, as the method's prompts (what its export carries, docs/mixtures.md)
+        parser.link_arguments(("data.datasets", "data.instruction_format"), "model.init_args.prompts",
+                              compute_fn=mixture_prompts)
 
     @property
     def run_checkpoint(self) -> SentEmbCheckpoint:

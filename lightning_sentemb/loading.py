@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -77,12 +77,15 @@ def load_method(
 
 @dataclass
 class Embedder:
-    """Any model as one function: `encode(sentences, batch_size=None, show_progress=None, label="encode")`
-    → (n, `size`) float32 embeddings on CPU in the input order, `SentEmbMethod.encode`'s signature.
-    What `sentemb evaluate`, MTEB (`evaluation.mteb`) and `sentemb data mine` call."""
+    """Any model as one function: `encode(sentences, batch_size=None, show_progress=None, label="encode",
+    prompt=None)` → (n, `size`) float32 embeddings on CPU in the input order, `SentEmbMethod.encode`'s
+    signature. What `sentemb evaluate`, MTEB (`evaluation.mteb`) and `sentemb data mine` call. `prompts`:
+    the model's own (name → text before a query: a checkpoint's `prompts`, an export's
+    `config_sentence_transformers.json`), offered to MTEB."""
 
     encode: Callable[..., torch.Tensor]
     size: int
+    prompts: dict[str, str] = field(default_factory=dict)
 
 
 # what `--model` (evaluate, data mine) takes, said where a model cannot be loaded
@@ -146,13 +149,15 @@ def load_embedder(
         model[0].eval_precision = eval_precision  # as `load_method` overrides a checkpoint's
 
         def encode_export(sentences: list[str], batch_size: int | None = batch_size,
-                          show_progress: bool | None = None, label: str = "encode") -> torch.Tensor:
+                          show_progress: bool | None = None, label: str = "encode",
+                          prompt: str | None = None) -> torch.Tensor:
             with autocast_for(model.device, eval_precision):  # the modules after ours too, as in `encode`
                 embeddings = model.encode(list(sentences), batch_size=batch_size or 32, convert_to_tensor=True,
-                                          show_progress_bar=bool(show_progress))
+                                          show_progress_bar=bool(show_progress), prompt=prompt)
             return embeddings.float().cpu()
 
-        return Embedder(encode_export, model.get_embedding_dimension())
+        prompts = {name: text for name, text in model.prompts.items() if text}  # not its empty defaults
+        return Embedder(encode_export, model.get_embedding_dimension(), prompts)
     try:
         method = load_method(path, pooler, trust_checkpoint=trust_checkpoint, eval_precision=eval_precision,
                              **overrides).to(device)
@@ -162,7 +167,13 @@ def load_embedder(
         raise SentEmbUserError(f"--model {path!r}{error.problem}; {MODEL_HINT}") from None
 
     def encode(sentences: list[str], batch_size: int | None = batch_size, show_progress: bool | None = None,
-               label: str = "encode") -> torch.Tensor:
-        return method.encode(list(sentences), batch_size, show_progress, label)
+               label: str = "encode", prompt: str | None = None) -> torch.Tensor:
+        return method.encode(list(sentences), batch_size, show_progress, label, prompt)
 
-    return Embedder(encode, method.output_size)
+    return Embedder(encode, method.output_size, method.hparams.get("prompts") or export_prompts(path))
+
+
+def export_prompts(path: str) -> dict[str, str]:
+    """The prompts a sentence-transformers folder carries (`config_sentence_transformers.json`), or none."""
+    config = Path(path) / "config_sentence_transformers.json"
+    return dict(json.loads(config.read_text()).get("prompts") or {}) if config.is_file() else {}

@@ -85,15 +85,16 @@ def truncated(encode: Encode, dim: int) -> Encode:
 def memoized(encode: Encode) -> Encode:
     """`encode` that keeps the embedding of every sentence it was given, so scoring several truncations
     (or a whitening beside the model itself) encodes each sentence once, whatever lists it comes in
-    (keyword arguments such as a progress label aside)."""
-    cache: dict[str, Tensor] = {}
+    (keyword arguments such as a progress label aside; a `prompt` before them is part of the key)."""
+    cache: dict[tuple[str | None, str], Tensor] = {}
 
     def cached(sentences: Sequence[str], **kwargs) -> Tensor:
         if not sentences:
             return encode([], **kwargs)
-        unseen = [s for s in dict.fromkeys(sentences) if s not in cache]
+        prompt = kwargs.get("prompt")
+        unseen = [s for s in dict.fromkeys(sentences) if (prompt, s) not in cache]
         if unseen:
-            cache.update(zip(unseen, encode(unseen, **kwargs), strict=True))
-        return torch.stack([cache[s] for s in sentences])
+            cache.update(zip([(prompt, s) for s in unseen], encode(unseen, **kwargs), strict=True))
+        return torch.stack([cache[prompt, s] for s in sentences])
 
     return cached

@@ -326,7 +326,7 @@ def test_training_batches_under_the_spawn_start_method_equal_the_in_process_ones
     draws included."""
     import torch
 
-    from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
+    from lightning_sentemb.data.loader import ResumableBatchSampler, TrainLoader
     from lightning_sentemb.methods import ConPVP
 
     method = build_method(ConPVP, tiny_bert)

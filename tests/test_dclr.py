@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from lightning.fabric.utilities.data import AttributeDict
 
-from lightning_sentemb.data.datamodule import batch_seed
+from lightning_sentemb.data.loader import batch_seed
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.methods import DCLR
 from lightning_sentemb.methods.building import build_method

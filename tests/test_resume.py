@@ -287,7 +287,7 @@ def test_ckpt_path_last_in_a_new_process(tiny_bert, sts_fixture, tmp_path):
 
 def test_collate_draws_differ_across_workers_and_repeat_after_a_resume(tiny_bert):
     """The same sentence everywhere: only the MLM masks can tell batches apart."""
-    from lightning_sentemb.data.datamodule import ResumableBatchSampler, TrainLoader
+    from lightning_sentemb.data.loader import ResumableBatchSampler, TrainLoader
     from lightning_sentemb.methods import SimCSE
 
     method = build_method(SimCSE, tiny_bert, mlm_weight=0.1)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..data.instructions import E5_FORMAT
 from ..data.paths import DATA_DIR_HELP
 from ..errors import SentEmbUserError
 from ..evaluation import EVALUATORS, WHITEN_PER_TASK
@@ -39,6 +40,13 @@ def evaluate_parser() -> ArgumentParser:
     parser.add_argument("--mteb", default=None, metavar="TASKS",
                         help="MTEB tasks (STSBenchmark,STS12) or a benchmark name (\"MTEB(eng, v2)\"), run by the "
                              "`mteb` package on the same encoding; mteb's main score per task (×100) in the results")
+    parser.add_argument("--mteb-prompts", default=None, metavar="FILE",
+                        help="yaml/json {mteb key: text before the texts} (keys: task name, task type, query, "
+                             "document, TASK-query), over the model's own prompts (docs/mixtures.md)")
+    parser.add_argument("--mteb-instructions", nargs="?", const=E5_FORMAT, default=None, metavar="FORMAT",
+                        help="before queries (not documents), each MTEB task's own instruction in FORMAT, with "
+                             "{instruction} (default E5's 'Instruct: {instruction}\\nQuery: '), where no prompt "
+                             "applies")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None,
                         help="FILE.json: the results as JSON; a folder: results.json + report.md + figures/. "
@@ -128,12 +136,13 @@ def evaluate(options: argparse.Namespace) -> None:
             if options.dims or options.whiten:  # every variant reads the one encoding of each sentence
                 encode = memoized(encode)
             # (row name, embedder, plan, what the results record of the variant)
-            variants = [(label, Embedder(encode, embedder.size), plan, {})]
+            variants = [(label, Embedder(encode, embedder.size, embedder.prompts), plan, {})]
             if options.whiten:
                 variants.append(whitened_variant(label, encode, embedder, plan, options, whitening_sentences))
             if options.dims:
                 check_dims(options.dims, embedder.size, "--dims")
-                variants += [(f"{label} @{dim}", Embedder(truncated(encode, dim), dim), plan, {"dim": dim})
+                variants += [(f"{label} @{dim}", Embedder(truncated(encode, dim), dim, embedder.prompts), plan,
+                              {"dim": dim})
                              for dim in options.dims]
             for name, served, variant_plan, marks in variants:
                 suite_results = evaluate_suite(
@@ -143,7 +152,7 @@ def evaluate(options: argparse.Namespace) -> None:
                 )
                 suite_results.update(marks)
                 if mteb_tasks:
-                    run_mteb(served, name, mteb_tasks, options.batch_size,
+                    run_mteb(served, name, mteb_tasks, options,
                              lambda scores, name=name, done=suite_results: save(name, {**done, "mteb": scores}))
     except KeyboardInterrupt:
         finished = [f"{label}: {', '.join(finished_tasks(partial)) or 'nothing'}" for label, partial in results.items()]
@@ -207,12 +216,14 @@ def whitened_variant(label: str, encode: Callable, embedder: Embedder, plan: Sui
                                    "target|nli|FILE)")
         fit_sentences = (target_sentences(plan.sts, options.data_dir, lambda split: capped(split, plan.max_examples))
                          if options.whiten == "target" else own_sentences)
-        served = Embedder(per_task_whitened(encode, fit_sentences, dim, options.whiten), dim or embedder.size)
+        served = Embedder(per_task_whitened(encode, fit_sentences, dim, options.whiten), dim or embedder.size,
+                          embedder.prompts)
         return name, served, replace(plan, sts_per_task=True), {"whitened": {"source": options.whiten, "dim": dim}}
     embeddings = embedder.encode(sentences, label=f"{label} · whitening: {len(sentences):,} sentences")
     whitening = fit_whitening(embeddings, dim, options.whiten)
     k = whitening.kernel.shape[1]
-    return name, Embedder(whitened(encode, whitening), k), plan, {"whitened": {"source": options.whiten, "dim": k}}
+    marks = {"whitened": {"source": options.whiten, "dim": k}}
+    return name, Embedder(whitened(encode, whitening), k, embedder.prompts), plan, marks
 
 
 def mteb_plan(spec: str | None) -> list:
@@ -227,10 +238,13 @@ def mteb_plan(spec: str | None) -> list:
     return tasks
 
 
-def run_mteb(embedder: object, name: str, tasks: list, batch_size: int, on_result: Callable) -> None:
-    from ..evaluation.mteb import MTEBModel, evaluate_mteb
+def run_mteb(embedder: object, name: str, tasks: list, options: argparse.Namespace, on_result: Callable) -> None:
+    """mteb on `tasks`, with the prompts of --mteb-prompts and --mteb-instructions."""
+    from ..evaluation.mteb import MTEBModel, evaluate_mteb, read_prompts
 
-    evaluate_mteb(MTEBModel(embedder, name), tasks, batch_size, on_result)
+    prompts = read_prompts(options.mteb_prompts) if options.mteb_prompts else None
+    model = MTEBModel(embedder, name, prompts, options.mteb_instructions)
+    evaluate_mteb(model, tasks, options.batch_size, on_result)
 
 
 def encoding_estimate(encode: Callable[..., object], plan: SuitePlan, batch_size: int, models: int) -> str:

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from itertools import chain, islice
 from pathlib import Path
@@ -38,6 +38,7 @@ from ..errors import SentEmbUserError
 from .negation import NEGATION_COLUMN, sentence_negator
 from .nli_pairs import LABELLED_COLUMNS, label_ids, senteval_nli_rows
 from .paths import default_cache_dir, require_file
+from .table_files import TABLE_SUFFIXES, SideLimits, table_parts, token_limit
 
 NUMBERED_HARD_NEGATIVE = re.compile(r"hard_neg_([1-9][0-9]*)")
 CACHE_VERSION = "2"  # 2: streamed, token ids as int32
@@ -92,7 +93,8 @@ class CorpusReader:
     `blank_lines`. `.csv`: SimCSE's NLI file with header `sent0,sent1[,hard_neg]`, or with k hard negatives
     a pair `sent0,sent1,hard_neg_1,...,hard_neg_k` (`nli_columns`); sentences and their negations
     `sent0,negation`; labelled NLI pairs `premise,hypothesis,label` (`corpus_columns`). A folder: labelled
-    NLI pairs in SentEval's layout (`data.nli_pairs`). Lines are those
+    NLI pairs in SentEval's layout (`data.nli_pairs`). `.jsonl` / `.parquet`: named fields, `columns`
+    mapping ours to the file's (`data.table_files`). Lines are those
     of `str.splitlines` (as reading the whole file would give). Reading stops after `max_examples`
     examples (the rest of the file is not read, nor checked). `bytes_read` follows the progress.
 
@@ -100,8 +102,10 @@ class CorpusReader:
     offset of the first bad byte.
     """
 
-    def __init__(self, path: str | os.PathLike, max_examples: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, max_examples: int | None = None,
+                 columns: Mapping[str, str] | None = None) -> None:
         self.path = require_file(path, "training corpus")
+        self.columns = dict(columns or {})
         self.max_examples = max_examples or None
         self.size = sum(file.stat().st_size for file in _files_of(self.path))
         self.bytes_read = 0
@@ -122,7 +126,9 @@ class CorpusReader:
 
     def _parts(self) -> Iterator[Chunk]:
         if self.path.is_dir():
-            return self._folder_parts()
+            return self._counted(senteval_nli_rows(self.path, CHUNK_ROWS))
+        if self.path.suffix in TABLE_SUFFIXES:
+            return self._counted(table_parts(self.path, self.columns, CHUNK_ROWS))
         return self._csv_parts() if self.path.suffix == ".csv" else self._txt_parts()
 
     def _reaches_limit(self, buffered: int) -> bool:
@@ -159,8 +165,8 @@ class CorpusReader:
             first_row += len(rows)
             yield part
 
-    def _folder_parts(self) -> Iterator[Chunk]:
-        for part, size in senteval_nli_rows(self.path, CHUNK_ROWS):
+    def _counted(self, parts: Iterable[tuple[Chunk, int]]) -> Iterator[Chunk]:
+        for part, size in parts:
             self.bytes_read += size
             yield part
 
@@ -212,7 +218,7 @@ class ChunkTokenizer:
     label column stays one int32 array of class ids. With `negate` (`data.negation.sentence_negator`), a
     chunk of sentences without a negation column gets one (SNCSE's soft negatives, `data.negate`)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int,
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int | SideLimits,
                  negate: Callable[[list[str]], list[str]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
@@ -226,7 +232,8 @@ class ChunkTokenizer:
             if column == "label":
                 out[column] = np.asarray(texts, dtype=np.int32)
                 continue
-            rows = [ids[: self.max_tokens] for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+            limit = token_limit(self.max_tokens, column)
+            rows = [ids[:limit] for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
             offsets = np.zeros(len(rows) + 1, dtype=np.int32)
             np.cumsum([len(ids) for ids in rows], out=offsets[1:])
             out[column] = offsets, np.fromiter(chain.from_iterable(rows), dtype=np.int32, count=int(offsets[-1]))
@@ -298,53 +305,58 @@ def tokenized_chunks(chunks: Iterable[Chunk], tokenize: ChunkTokenizer, workers:
 
 
 # ----- the cache --------------------------------------------------------------------------------
-def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int, max_examples: int | None,
-               negate: str | None) -> str:
+def _cache_key(path: Path, tokenizer: PreTrainedTokenizerBase, max_tokens: int | SideLimits, max_examples: int | None,
+               negate: str | None, columns: Mapping[str, str] | None) -> str:
     stats = [(file.name, file.stat()) for file in _files_of(path)]
     parts = [CACHE_VERSION, str(path.resolve()), *(f"{name} {stat.st_size} {stat.st_mtime_ns}" for name, stat in stats),
              tokenizer.name_or_path, str(len(tokenizer)), str(max_tokens), str(max_examples)]
     if negate is not None:
         parts.append(f"negate {negate}")
+    if columns:
+        parts.append(f"columns {sorted(columns.items())}")
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
 
 
 def corpus_cache_path(
     path: str | os.PathLike,
     tokenizer: PreTrainedTokenizerBase,
-    max_tokens: int,
+    max_tokens: int | SideLimits,
     cache_dir: str | os.PathLike | None = None,
     max_examples: int | None = None,
     negate: str | None = None,
+    columns: Mapping[str, str] | None = None,
 ) -> Path:
     """Where the tokenized corpus is cached: named by the file's identity (path, size, mtime; a folder's
-    files'), the tokenizer, the length, `max_examples` and `negate`, so any change gives a new cache."""
+    files'), the tokenizer, the length(s), `max_examples`, `negate` and `columns`: any change gives a new cache."""
     path = require_file(path, "training corpus")
     cache = Path(cache_dir or default_cache_dir())
-    return cache / f"{path.stem}-{_cache_key(path, tokenizer, max_tokens, max_examples, negate)}.arrow"
+    return cache / f"{path.stem}-{_cache_key(path, tokenizer, max_tokens, max_examples, negate, columns)}.arrow"
 
 
 def tokenize_corpus(
     path: str | os.PathLike,
     tokenizer: PreTrainedTokenizerBase,
-    max_tokens: int,
+    max_tokens: int | SideLimits,
     cache_dir: str | os.PathLike | None = None,
     max_examples: int | None = None,
     negate: str | None = None,
     workers: int | None = None,
+    columns: Mapping[str, str] | None = None,
 ) -> Path:
     """Tokenize the corpus into its cache file (`corpus_cache_path`) unless it is there; return the path.
 
-    Each text column becomes token ids without special tokens, cut to `max_tokens`. The file is
+    Each text column becomes token ids without special tokens, cut to `max_tokens` (`SideLimits`: the
+    query column to one length, the others to another); `columns`: a table file's fields (`CorpusReader`). The file is
     written under a temporary name beside it and renamed once complete (`atomic_write`), so a
     killed run never leaves a file at the cached name. `negate`: a parser (`data.negation.load_parser`:
     a spaCy pipeline or `lexicon`) whose negation of each sentence becomes the column `negation`, where
     the corpus has none. `workers`: tokenizer processes (default `default_tokenize_workers()`; 1 = in
     this process).
     """
-    final = corpus_cache_path(path, tokenizer, max_tokens, cache_dir, max_examples, negate)
+    final = corpus_cache_path(path, tokenizer, max_tokens, cache_dir, max_examples, negate, columns)
     if final.exists():
         return final
-    reader = CorpusReader(path, max_examples)
+    reader = CorpusReader(path, max_examples, columns)
     workers = default_tokenize_workers() if workers is None else workers
     start = time.perf_counter()
     tokenize = ChunkTokenizer(tokenizer, max_tokens, None if negate is None else sentence_negator(negate))

@@ -1,11 +1,8 @@
-"""SentEmbDataModule: a training corpus plus the STS evaluation sets."""
+"""SentEmbDataModule: a training corpus (or a mixture of them) plus the STS evaluation sets."""
 
 from __future__ import annotations
 
-import os
-import signal
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -16,20 +13,13 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import SentEmbUserError
 from ..evaluation import parse_evaluators
 from .corpus import corpus_cache_path, open_tokenized_corpus, tokenize_corpus
+from .instructions import E5_FORMAT
+from .loader import ResumableBatchSampler, TrainLoader
+from .mixture import DatasetSpec, MixtureDataset, parse_datasets
+from .mixture_sampler import MixtureBatchSampler, check_sampling
 from .paths import MissingDataError, require_file, resolve_data_dir
 from .senteval import DEV_TASKS, STS_SUBSETS, STS_TASKS, StsTask, load_sts_task
-from .sts_corpus import STS_CORPUS, sts_corpus_file
-
-
-class Collator(Protocol):
-    """A method's collator as the loaders use it (`methods.collator.Collator`; the data layer sits below
-    the methods and does not import them)."""
-
-    generator: torch.Generator
-
-    def __call__(self, examples: list[Any]) -> dict[str, Any]: ...
-
-    def check_columns(self, columns: list[str], source: str) -> None: ...
+from .senteval_corpora import training_file
 
 
 class StsPairs(Dataset):
@@ -65,135 +55,6 @@ def collate_pairs(items: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def batch_seed(*key: int) -> int:
-    """A 63-bit seed drawn from integers (run seed, epoch, rank, batch): unrelated for nearby keys."""
-    return int(np.random.SeedSequence(list(key)).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
-class ResumableBatchSampler:
-    """Shuffled training batches that can start mid-epoch, DDP-sharded.
-
-    Epoch e's order is a permutation seeded by (seed, e), the same on every rank; like
-    `DistributedSampler`, rank r takes every world_size-th example from r, and each rank drops its
-    incomplete last batch. `resume(batches_done)` (batches trained since the run began) starts at
-    the epoch and batch where those end, so a resumed run sees exactly the remaining ones.
-
-    Each batch is a list of (batch seed, example index): the seed, from (seed, epoch, rank, batch
-    number), seeds what `collate` draws (the generator of the method's `collator`), so MLM masks and
-    templates differ across batches, ranks and DataLoader workers and repeat after a resume
-    whatever `num_workers` is.
-    """
-
-    def __init__(self, num_examples: int, batch_size: int, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
-        self.num_examples = num_examples
-        self.batch_size = batch_size
-        self.seed = seed
-        self.num_replicas = num_replicas
-        self.rank = rank
-        self.epoch = 0
-        self.resume_point = (0, 0)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Called by Lightning before each epoch."""
-        self.epoch = epoch
-
-    def resume(self, batches_done: int) -> None:
-        self.resume_point = divmod(batches_done, len(self)) if len(self) else (0, 0)
-        self.epoch = self.resume_point[0]
-
-    def __len__(self) -> int:
-        return self.num_examples // self.num_replicas // self.batch_size
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        epoch = self.epoch
-        generator = torch.Generator().manual_seed(batch_seed(self.seed, epoch))
-        usable = self.num_examples // self.num_replicas * self.num_replicas
-        # a tensor (8 bytes an example), each batch's indices made Python ints only when it is drawn
-        order = torch.randperm(self.num_examples, generator=generator)[:usable][self.rank :: self.num_replicas]
-        first = self.resume_point[1] if self.resume_point[0] == epoch else 0
-        for b in range(first, len(self)):
-            seed = batch_seed(self.seed, epoch, self.rank, b)
-            yield [(seed, i) for i in order[b * self.batch_size : (b + 1) * self.batch_size].tolist()]
-
-
-class SeededExamples(Dataset):
-    """`dataset[i]` for the sampler's (batch seed, i) keys, the seed passed along to `collate`."""
-
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __getitem__(self, key: tuple[int, int]) -> tuple[int, Any]:
-        seed, index = key
-        return seed, self.dataset[index]
-
-
-class SeededCollate:
-    """Seeds the method's collator's `generator` with the batch's seed, then calls the collator
-    (`methods.collator.Collator`: what a worker start pickles, never the module)."""
-
-    def __init__(self, collator: Collator) -> None:
-        self.collator = collator
-
-    def __call__(self, items: list[tuple[int, Any]]) -> dict[str, Any]:
-        self.collator.generator.manual_seed(items[0][0])
-        return self.collator([example for _, example in items])
-
-
-def ignore_stop_signals(worker_id: int) -> None:
-    """DataLoader workers leave SIGTERM and Ctrl-C to the training process, which stops at a step
-    boundary and then shuts them down (a worker killed first would fail the step in flight)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-class TrainLoader:
-    """The training DataLoader over a `ResumableBatchSampler`.
-
-    Deliberately not a `DataLoader` itself: under DDP Lightning would swap the sampling for a
-    `DistributedSampler`, which cannot start mid-epoch. Exposes what Lightning and the methods read:
-    `dataset`, `batch_size`, and `sampler` (Lightning calls its `set_epoch` before each epoch).
-
-    Resumable the way Lightning looks for it (`state_dict` / `load_state_dict`): checkpoints keep
-    where the data stands, and a resumed fit restores it before the first batch (so Lightning does
-    not warn that the loader is not resumable). The position is the number of batches trained since
-    the run began, as the training loop counts them (`batches_trained`, set by the data module): the
-    loop fetches ahead of training, so the loader cannot count them itself.
-
-    `pin_memory` lets the batch reach the GPU by an asynchronous copy; `persistent_workers` keeps
-    the worker processes from one epoch to the next (it applies with `num_workers` > 0 only).
-    """
-
-    batches_trained: Callable[[], int] | None = None
-
-    def __init__(self, dataset: Dataset, batch_sampler: ResumableBatchSampler, collator: Collator, num_workers: int,
-                 pin_memory: bool = False, persistent_workers: bool = False) -> None:
-        self.dataset = dataset
-        self.sampler = batch_sampler
-        self.batch_size = batch_sampler.batch_size
-        # its own generator: the workers' base seed never draws from (and shifts) torch's global RNG
-        self.loader = DataLoader(SeededExamples(dataset), batch_sampler=batch_sampler, num_workers=num_workers,
-                                 collate_fn=SeededCollate(collator), worker_init_fn=ignore_stop_signals,
-                                 generator=torch.Generator().manual_seed(batch_sampler.seed), pin_memory=pin_memory,
-                                 persistent_workers=persistent_workers and num_workers > 0)
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return iter(self.loader)
-
-    def close(self) -> None:
-        """Stop the worker processes now: the DataLoader is dropped, and with it its persistent iterator,
-        whose workers are shut down as it is freed (the loader cannot be iterated again)."""
-        self.loader = None
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def state_dict(self) -> dict[str, int]:
-        return {"batches_done": self.batches_trained()} if self.batches_trained is not None else {}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.sampler.resume(state_dict.get("batches_done", 0))
-
-
 class SentEmbDataModule(LightningDataModule):
     """Training corpus + STS evaluation sets.
 
@@ -201,7 +62,14 @@ class SentEmbDataModule(LightningDataModule):
         train_file: one sentence a line (`.txt`) or SimCSE's NLI csv (`sent0,sent1,hard_neg`, or
             `hard_neg_1..hard_neg_k` as `sentemb data mine` writes); a relative path is looked up under `data_dir`.
             `senteval:sts`: the unlabeled sentences of the STS sets under `data_dir` (ConSERT's corpus,
-            `data.sts_corpus`).
+            `data.sts_corpus`; other `senteval:` corpora: `data.senteval_corpora`). Unused with `datasets`.
+        datasets: a mixture of training datasets, one dataset a global batch: name -> {path, format, columns,
+            weight, instruction, in_batch_negatives, query_max_len, doc_max_len} (`data.mixture`, docs/data.md).
+        mixture_sampling: which dataset each batch draws: `proportional` (by size × weight), `temperature`
+            (p ∝ weight × size^mixture_alpha) or `round_robin` (`data.mixture_sampler`).
+        mixture_alpha: the exponent of `temperature` sampling.
+        instruction_format: how a dataset's instruction is written before its queries, `{instruction}` then
+            the text (E5-mistral's `Instruct: {instruction}\nQuery: ` by default; docs/mixtures.md).
         data_dir: data directory (SimCSE/SentEval layout); default: `$SENTEMB_DATA`, else `./data` if it
             exists, else `../shared/data` (`data.paths.resolve_data_dir`, the rule of every command).
         max_seq_len: training length in tokens, special tokens included (templates come on top).
@@ -233,6 +101,10 @@ class SentEmbDataModule(LightningDataModule):
     def __init__(
         self,
         train_file: str = "corpora/wiki1m_for_simcse.txt",
+        datasets: dict[str, Any] | None = None,
+        mixture_sampling: str = "proportional",
+        mixture_alpha: float = 0.5,
+        instruction_format: str = E5_FORMAT,
         data_dir: str | None = None,
         max_seq_len: int = 32,
         batch_size: int = 64,
@@ -262,6 +134,11 @@ class SentEmbDataModule(LightningDataModule):
             raise SentEmbUserError(f"data.val_transfer_kfold is {val_transfer_kfold}: a cross-validation needs "
                                    "at least 2 folds (5 is SimCSE's, 10 SentEval's full mode)")
         self.val_transfer_kfold = val_transfer_kfold
+        # the training datasets: data.datasets, or data.train_file as a mixture of one, read as a plain corpus
+        self.mixture = datasets is not None
+        self.specs = parse_datasets(datasets) if self.mixture else [DatasetSpec("train_file", train_file)]
+        if self.mixture:
+            check_sampling(mixture_sampling, mixture_alpha, [spec.weight for spec in self.specs])
         self.method = None
         self.train_dataset = None
         self.batches_done = 0
@@ -271,59 +148,74 @@ class SentEmbDataModule(LightningDataModule):
     def data_dir(self):
         return resolve_data_dir(self.hparams.data_dir)
 
-    def train_path(self) -> str:
-        path = self.hparams.train_file
-        if path == STS_CORPUS:
-            try:
-                return str(sts_corpus_file(self.data_dir, self.hparams.cache_dir))
-            except MissingDataError as missing:
-                raise missing.for_option("--data.data_dir") from None
-        return path if os.path.isabs(path) else str(self.data_dir / path)
+    def train_path(self, spec: DatasetSpec | None = None) -> str:
+        """The file of a training dataset (default: the first, `data.train_file` without a mixture)."""
+        try:
+            return training_file((spec or self.specs[0]).path, self.data_dir, self.hparams.cache_dir)
+        except MissingDataError as missing:
+            raise missing.for_option("--data.data_dir") from None
+
+    def source_label(self, spec: DatasetSpec) -> str:
+        """How errors name a training dataset: its file, and its name in a mixture."""
+        return f"data.datasets.{spec.name} ({self.train_path(spec)})" if self.mixture else self.train_path(spec)
 
     def check_data(self, stage: str) -> None:
         """Fail with the missing path and the fetch command before a run (and its W&B run) starts:
-        the training corpus for `fit`, the STS sets the stage evaluates."""
+        the training corpora for `fit`, the STS sets the stage evaluates."""
         try:
             if stage == "fit":
-                require_file(self.train_path(), "training corpus")
+                for spec in self.specs:
+                    require_file(self.train_path(spec), "training corpus")
             for name in self.test_tasks if stage == "test" else self.val_tasks:
                 load_sts_task(name, self.data_dir)
         except MissingDataError as missing:
             raise missing.for_option("--data.data_dir") from None
 
     def prepare_data(self) -> None:
-        """Tokenize the training corpus into its cache file, before `setup`. Lightning calls this in
+        """Tokenize each training corpus into its cache file, before `setup`. Lightning calls this in
         one process per node (local rank 0; with `prepare_data_per_node` false, in one process of
         the job) and holds the other ranks at a barrier until it is done."""
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             self.method = trainer.lightning_module
-            tokenize_corpus(*self._corpus_cache_args(), workers=self.hparams.tokenize_workers)
+            for spec in self.specs:
+                tokenize_corpus(*self._corpus_cache_args(spec), workers=self.hparams.tokenize_workers,
+                                columns=spec.columns)
 
     def setup(self, stage: str | None = None) -> None:
-        """Every rank opens the cache `prepare_data` wrote (memory-mapped: ranks share its pages)."""
+        """Every rank opens the caches `prepare_data` wrote (memory-mapped: ranks share their pages)."""
         if self.trainer is not None:
             self.method = self.trainer.lightning_module
         if stage in ("fit", None) and self.train_dataset is None:
-            cache = corpus_cache_path(*self._corpus_cache_args())
-            if not cache.exists():
-                raise SentEmbUserError(
-                    f"{cache}: the tokenized training corpus is not there; `prepare_data` writes it before `setup` "
-                    "(on local rank 0 of every node, or with data.prepare_data_per_node false on the first node only: "
-                    "then data.cache_dir must be a folder every node sees); if that process failed, its own "
-                    "error, above, names the cause"
-                )
-            self.train_dataset = open_tokenized_corpus(cache)
-            self.method.collator.check_columns(self.train_dataset.column_names, self.train_path())
-            self._check_one_batch()
+            datasets = [self._open(spec) for spec in self.specs]
+            tokenizer = self.method.tokenizer
+            sources = [s.source(i, tokenizer, self.hparams.instruction_format) for i, s in enumerate(self.specs)]
+            for source in sources if self.mixture else ():  # what the method does not apply: one line, now
+                self.method.check_source(source)
+            self.train_dataset = MixtureDataset(datasets, sources) if self.mixture else datasets[0]
 
-    def _corpus_cache_args(self) -> tuple:
-        """(corpus, tokenizer, max tokens, cache dir, max examples, negate) of the training cache, after
+    def _open(self, spec: DatasetSpec) -> Any:
+        cache = corpus_cache_path(*self._corpus_cache_args(spec), columns=spec.columns)
+        if not cache.exists():
+            raise SentEmbUserError(
+                f"{cache}: the tokenized training corpus is not there; `prepare_data` writes it before `setup` "
+                "(on local rank 0 of every node, or with data.prepare_data_per_node false on the first node only: "
+                "then data.cache_dir must be a folder every node sees); if that process failed, its own "
+                "error, above, names the cause"
+            )
+        dataset = open_tokenized_corpus(cache)
+        spec.check_columns(dataset.column_names, self.train_path(spec))
+        self.method.collator.check_columns(dataset.column_names, self.source_label(spec))
+        self._check_one_batch(dataset, spec)
+        return dataset
+
+    def _corpus_cache_args(self, spec: DatasetSpec) -> tuple:
+        """(corpus, tokenizer, max tokens, cache dir, max examples, negate) of a dataset's cache, after
         refusing options that cannot train."""
         specials = self.method.encoder.format.num_special_tokens
         self._check_training_options(specials)
-        return (self.train_path(), self.method.tokenizer, self.hparams.max_seq_len - specials, self.hparams.cache_dir,
-                self.hparams.max_train_examples, self.hparams.negate)
+        return (self.train_path(spec), self.method.tokenizer, spec.limits(self.hparams.max_seq_len, specials),
+                self.hparams.cache_dir, self.hparams.max_train_examples, self.hparams.negate)
 
     def _check_training_options(self, specials: int) -> None:
         """Refuse what cannot train: one sentence a batch (the in-batch contrastive loss is then
@@ -339,21 +231,27 @@ class SentEmbDataModule(LightningDataModule):
                 f"the {specials} special token(s); set --data.max_seq_len {specials + 1} or more (papers: 32)"
             )
 
-    def _check_one_batch(self) -> None:
+    def _check_one_batch(self, dataset: Any, spec: DatasetSpec) -> None:
         """Training drops the last incomplete batch: a corpus smaller than one batch per device would
-        train nothing and still end 'successfully'."""
+        train nothing and still end 'successfully' (in a mixture, its dataset would never be drawn)."""
         devices = self.trainer.world_size if self.trainer is not None else 1
-        if len(self.train_dataset) < self.hparams.batch_size * devices:
+        if len(dataset) < self.hparams.batch_size * devices:
             raise SentEmbUserError(
-                f"{self.train_path()}: {len(self.train_dataset)} training example(s), fewer than one batch "
+                f"{self.source_label(spec)}: {len(dataset)} training example(s), fewer than one batch "
                 f"(data.batch_size {self.hparams.batch_size} x {devices} device(s)); use a larger corpus "
                 "(or a larger data.max_train_examples) or a smaller --data.batch_size"
             )
 
     def train_dataloader(self) -> TrainLoader:
-        trainer, examples = self.trainer, len(self.train_dataset)
+        trainer, hp = self.trainer, self.hparams
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = ResumableBatchSampler(examples, self.hparams.batch_size, self.method.run_seed, replicas, rank)
+        if self.mixture:
+            sampler = MixtureBatchSampler(self.train_dataset.sizes, [spec.weight for spec in self.specs],
+                                          hp.mixture_sampling, hp.mixture_alpha, hp.batch_size, self.method.run_seed,
+                                          replicas, rank)
+        else:
+            sampler = ResumableBatchSampler(len(self.train_dataset), hp.batch_size, self.method.run_seed, replicas,
+                                            rank)
         sampler.resume(self.batches_done)
         pin_memory = torch.cuda.is_available() if self.hparams.pin_memory is None else self.hparams.pin_memory
         loader = TrainLoader(self.train_dataset, sampler, self.method.collator, self.hparams.num_workers, pin_memory,

@@ -122,8 +122,11 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor]) -> Tensor:
     current code), `avg_emb_last` the embedding output (`hidden_states[0]`, what SimCSE's first release
     called first-last and what the seed tables' raw BERT row scored, SimCSE issue 285), `avg_top2` the
     second-to-last layer's.
+    The mean poolers average over `features["pool_mask"]` where the rows carry one (queries whose
+    instruction stays out of the vector, `encoders.instruction`), else over the attention mask.
     """
     attention_mask = features["attention_mask"]
+    mean_mask = features.get("pool_mask", attention_mask)
     hidden = outputs.last_hidden_state
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     if pooler in ("cls", "cls_before_pooler"):
@@ -133,14 +136,14 @@ def pool(pooler: str, outputs: Any, features: dict[str, Tensor]) -> Tensor:
     if pooler == "mask":
         return hidden[rows, features["pool_position"]]
     if pooler == "avg":
-        return masked_mean(hidden, attention_mask)
+        return masked_mean(hidden, mean_mask)
     if pooler == "echo_mean":
         return masked_mean(hidden, features["echo_mask"])
     if pooler == "echo_last":
         return hidden[rows, last_token_positions(features["echo_mask"])]
     if pooler in FIRST_STATE:
         states = outputs.hidden_states
-        return masked_mean((states[FIRST_STATE[pooler]] + states[-1]) / 2.0, attention_mask)
+        return masked_mean((states[FIRST_STATE[pooler]] + states[-1]) / 2.0, mean_mask)
     raise ValueError(f"unknown pooler {pooler!r}; choose one of {', '.join(POOLERS)}")
 
 

@@ -13,7 +13,10 @@ needs our code with one of our sentence-transformers modules (`SentEmbSTModule` 
 method of the user's own may write its folder itself (`write_export(folder, adapter_only)`). Every export
 carries a `README.md` model card (`model_card`). A model trained with `matryoshka_dims` records them in
 `config_sentence_transformers.json` (`matryoshka_dims`, beside sentence-transformers' own
-`similarity_fn_name`); `SentenceTransformer(folder, truncate_dim=d)` serves a truncation.
+`similarity_fn_name`); `SentenceTransformer(folder, truncate_dim=d)` serves a truncation. A model trained
+with instructions carries them there as its `prompts`, and its mean Pooling leaves the prompt out
+(`include_prompt: false`) unless it pooled it (`pool_instruction`), so `encode(q, prompt_name=...)`
+embeds a query as training did.
 """
 
 from __future__ import annotations
@@ -75,9 +78,9 @@ def export(
             write(staging, adapter_only)
         else:
             write_method_folder(method, staging, adapter_only)
-        if method.hparams.get("matryoshka_dims"):
-            write_json(staging / "config_sentence_transformers.json",
-                       {"similarity_fn_name": "cosine", "matryoshka_dims": list(method.hparams.matryoshka_dims)})
+        st_config = sentence_transformers_config(method)
+        if st_config:
+            write_json(staging / "config_sentence_transformers.json", {"similarity_fn_name": "cosine", **st_config})
         card = model_card(method, staging, out_dir.name, facts, results)
         if whitening is not None:
             from .whitening import append_whitening, whitening_card
@@ -86,6 +89,18 @@ def export(
             card += whitening_card(*whitening)
         (staging / "README.md").write_text(card)
     return out_dir
+
+
+def sentence_transformers_config(method: ExportableMethod) -> dict[str, Any]:
+    """What the export's `config_sentence_transformers.json` records of the method: its Matryoshka sizes,
+    and its prompts (`prompts`: name → the text before a query, the instructions it trained with), with
+    no default prompt (`default_prompt_name` null: documents are encoded without one, as in training)."""
+    config: dict[str, Any] = {}
+    if method.hparams.get("matryoshka_dims"):
+        config["matryoshka_dims"] = list(method.hparams.matryoshka_dims)
+    if method.hparams.get("prompts"):
+        config.update(prompts=dict(method.hparams.prompts), default_prompt_name=None)
+    return config
 
 
 def write_method_folder(method: ExportableMethod, folder: Path, adapter_only: bool = False) -> None:

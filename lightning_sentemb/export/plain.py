@@ -77,7 +77,10 @@ def write_pooling_modules(method: ExportableMethod, folder: Path, modules: list[
     path = f"{len(modules)}_Pooling"
     modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,
                     "type": "sentence_transformers.models.Pooling"})
-    write_json(folder / path / "config.json", {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]})
+    pooling = {"word_embedding_dimension": hidden, "pooling_mode": ST_POOLING[pooler]}
+    if ST_POOLING[pooler] == "mean" and method.hparams.get("prompts") and not method.hparams.get("pool_instruction"):
+        pooling["include_prompt"] = False  # the instruction out of the mean, as trained (`encoders.instruction`)
+    write_json(folder / path / "config.json", pooling)
     if method.eval_mlp is not None:
         path = f"{len(modules)}_Dense"
         modules.append({"idx": len(modules), "name": str(len(modules)), "path": path,

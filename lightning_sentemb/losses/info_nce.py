@@ -38,6 +38,15 @@ def contrastive_logits(
     return logits if drop is None else logits.masked_fill(drop, float("-inf"))
 
 
+def own_cosines(anchors: Tensor, candidates: Tensor) -> Tensor:
+    """(n, c) cosine similarities of each anchor (n, d) with its own c candidates (n, c, d), in fp32 (or
+    wider) as `cosine_matrix`."""
+    dtype = torch.promote_types(anchors.dtype, torch.float32)
+    with exact_fp32(anchors.device.type):
+        return torch.einsum("nd,ncd->nc", F.normalize(anchors.to(dtype), dim=-1),
+                            F.normalize(candidates.to(dtype), dim=-1))
+
+
 def info_nce(
     anchors: Tensor,
     candidates: Tensor,
@@ -87,6 +96,16 @@ class InfoNCELoss(nn.Module):
         per_anchor = hard_negatives.size(0) // positives.size(0)
         bias = hard_negative_bias(labels, positives.size(0), self.hard_negative_weight, per_anchor)
         return info_nce(anchors, torch.cat([positives, hard_negatives]), labels, self.temperature, bias, drop)
+
+    def own_candidates(self, anchors: Tensor, candidates: Tensor, drop: Tensor | None = None) -> Tensor:
+        """The loss without in-batch negatives (a dataset's `in_batch_negatives: false`, BGE's): anchor i
+        against its own candidates (n, c, d) only, its positive then its c - 1 hard negatives (biased
+        by `hard_negative_weight`); `drop` (n, c) as in `info_nce`."""
+        logits = own_cosines(anchors, candidates) / self.temperature
+        logits[:, 1:] += self.hard_negative_weight
+        if drop is not None:
+            logits = logits.masked_fill(drop, float("-inf"))
+        return F.cross_entropy(logits, logits.new_zeros(logits.size(0), dtype=torch.long))
 
     def get_config_dict(self) -> dict[str, float]:
         return {"temperature": self.temperature, "hard_negative_weight": self.hard_negative_weight}

@@ -100,6 +100,12 @@ class SentEmbMethod(LightningModule):
             the anchor's positive less the margin leave the denominator) or `self` (Qwen3-Embedding's: the
             model's own detached similarities, above the positive + 0.1); a candidate whose text is the
             positive's leaves too (`drop_duplicates`). See `methods.guide` and docs/negatives.md; null = off.
+        pool_instruction: whether a query's instruction (a mixture dataset's, `data.datasets`) is pooled
+            with its text by the mean poolers; false (LLM2Vec's, NV-Embed's) averages the text only
+            (`encoders.instruction`). cls and last read one token either way.
+        prompts: name -> the text written before a query (formatted: `Instruct: ...\nQuery: `), what the
+            export carries (`config_sentence_transformers.json`) and `sentemb evaluate --mteb` offers mteb;
+            `sentemb fit` fills it from the instructions of `data.datasets`. docs/mixtures.md.
     """
 
     manual_gradient_clip: tuple[float | None, str | None] = (None, None)
@@ -135,6 +141,8 @@ class SentEmbMethod(LightningModule):
         bidirectional: bool = False,
         template: str | None = None,
         guide: GuideOption = None,
+        pool_instruction: bool = False,
+        prompts: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -178,6 +186,10 @@ class SentEmbMethod(LightningModule):
     """The method's training views (`collator`)."""
     guide_candidate_views: int | None = None
     """How many views after the first the loss's denominator reads, those the guide judges (None: all)."""
+
+    mixture_options: frozenset[str] = frozenset()
+    """The settings of a mixture's dataset (`data.datasets`) this method applies beyond its rows
+    (`check_source`): `instruction`, `in_batch_negatives` (false), `query_max_len`, `doc_max_len`."""
 
     def embedding_loss(
         self, embeddings: Tensor, batch: dict[str, Any], drop: Tensor | None = None
@@ -223,6 +235,8 @@ class SentEmbMethod(LightningModule):
     eval_autocast = encoding.eval_autocast
 
     # ----- training ---------------------------------------------------------------------
+    check_source = steps.check_source
+
     @property
     def collator(self) -> Collator:
         """What the training DataLoader runs to build batches (in its workers), never the module itself."""

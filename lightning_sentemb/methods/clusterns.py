@@ -71,6 +71,8 @@ class ClusteringObjective:
         **kwargs: see the view method (`SimCSE`, `PromptBERT`) and `SentEmbMethod`.
     """
 
+    mixture_options = frozenset()  # its own loss: no per-dataset negatives
+
     cluster_state: CentroidState
     last_cluster_embeddings: Tensor | None
     last_cluster_assignment: Tensor | None

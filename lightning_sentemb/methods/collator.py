@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from lightning.fabric.utilities.data import AttributeDict
 
+from ..data.mixture import MixtureSource
+from ..encoders.instruction import instructed_features
 from ..encoders.plain import PlainFormat
 from ..errors import SentEmbUserError
 from ..losses.mlm import PredictedTokens, mask_tokens
@@ -25,7 +27,7 @@ class Collator:
 
     Holds the encoder's input format (tokenizer, templates), the longest row it takes, the method's
     hyper-parameters and `generator`, the source of every random draw (MLM masks, sampled templates),
-    which the training loader reseeds for each batch (`data.datamodule.SeededCollate`) so the draws
+    which the training loader reseeds for each batch (`data.loader.SeededCollate`) so the draws
     repeat after a resume whatever the number of workers. A method's subclass contributes its views
     (`__call__`).
     """
@@ -62,6 +64,18 @@ class Collator:
         self.__dict__.update(state)
         self.generator = torch.Generator()
         self.generator.set_state(torch.frombuffer(bytearray(state["generator"]), dtype=torch.uint8))
+
+    def view_features(self, views: list[list[list[int]]], source: MixtureSource | None) -> dict[str, Any]:
+        """Padded features of the views' rows, view after view. From a mixture's dataset (`source`), its
+        instruction goes before view 0's rows (the queries, `encoders.instruction`), not the others (the
+        documents), and each side is cut at its own length (the model's maximum when unset)."""
+        if source is None:
+            return self.format.build([row for view in views for row in view], max_length=None)
+        documents = [row for view in views[1:] for row in view]
+        return instructed_features(self.format, views[0], documents, source.instruction_ids,
+                                   self.hparams.pool_instruction, source.query_max_len or self.max_length,
+                                   source.doc_max_len or self.max_length,
+                                   option=f"data.datasets.{source.name}.query_max_len")
 
     def add_mlm_inputs(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Attach corrupted copies of the training rows for the MLM auxiliary loss, when enabled."""

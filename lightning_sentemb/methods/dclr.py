@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Callback
 from torch import Tensor
 
-from ..data.datamodule import batch_seed
+from ..data.loader import batch_seed
 from ..distributed import gather_with_grad, local_labels
 from ..errors import SentEmbUserError, check_choice
 from ..losses.dclr import Objective, dclr_loss, harder_noise

@@ -151,6 +151,7 @@ class DCPCSE(SimCSE):
     """
 
     export_format = "prefix"  # `export.prefix.PrefixedTransformer`: the prefix and a reference to the backbone
+    mixture_options = frozenset()  # SimCSE's loss, but its prefixed forward is not tested with instructions
 
     def __init__(
         self,

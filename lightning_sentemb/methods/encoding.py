@@ -12,7 +12,9 @@ from torch import Tensor
 
 from ..console import progress_bar
 from ..distributed import gather_strided_rows, world
+from ..encoders.instruction import instructed_features
 from ..encoders.memory import DTYPES
+from ..errors import SentEmbUserError
 from ..fsdp import grad_free
 from ..precision import autocast_for
 
@@ -40,6 +42,18 @@ def sentence_features(method: LightningModule, sentences: list[str]) -> dict[str
     return method.features_from_ids(method.encoder.format.sentence_ids(sentences))
 
 
+def prompted_features(method: LightningModule, sentence_ids: list[list[int]],
+                      prompt_ids: list[int]) -> dict[str, Tensor]:
+    """Evaluation inputs of queries with a prompt (an instruction, formatted) before them, pooled as in
+    training (`pool_instruction`, `encoders.instruction`); a method without instructions refuses it."""
+    if "instruction" not in method.mixture_options or method.hparams.get("template") is not None:
+        raise SentEmbUserError(f"a prompt (instruction) before the sentences: {type(method).__name__} "
+                               f"{'with a template ' if method.hparams.get('template') else ''}takes none; "
+                               "encode without prompts")
+    return instructed_features(method.encoder.format, sentence_ids, [], prompt_ids, method.hparams.pool_instruction,
+                               method.eval_length, option="eval_max_length")
+
+
 def embed_features(method: LightningModule, features: dict[str, Tensor]) -> Tensor:
     """`embed` of evaluation inputs, moved to the method's device."""
     return method.embed({k: v.to(method.device, non_blocking=True) for k, v in features.items()})
@@ -61,26 +75,28 @@ def eval_autocast(method: LightningModule) -> torch.autocast:
 
 def encode(
     method: LightningModule, sentences: list[str], batch_size: int | None = None, show_progress: bool | None = None,
-    label: str = "encode",
+    label: str = "encode", prompt: str | None = None,
 ) -> Tensor:
     """(n, hidden) float32 embeddings on CPU, in the input order; `label` names the progress bar
-    (evaluators pass the task running).
+    (evaluators pass the task running); `prompt`: text written before every sentence, tokenized apart
+    as training tokenizes an instruction (`prompted_features`), e.g. `Instruct: ...\nQuery: `.
 
     Tokenized once, sorted by length so each batch pads little; evaluation mode, no gradient (inference mode,
     or `no_grad` where FSDP2 shards the module: `fsdp.grad_free`), autocast per `eval_precision`. Every evaluator
     calls this.
     """
     with grad_free(method):
-        return _encode(method, sentences, batch_size or method.hparams.eval_batch_size, show_progress, label)
+        return _encode(method, sentences, batch_size or method.hparams.eval_batch_size, show_progress, label, prompt)
 
 
 def _encode(method: LightningModule, sentences: list[str], batch_size: int, show_progress: bool | None,
-            label: str) -> Tensor:
+            label: str, prompt: str | None = None) -> Tensor:
     if not sentences:  # a rank's empty share in `encode_across_ranks`
         return torch.empty(0, method.output_size, dtype=torch.float32)
     was_training = method.training
     method.eval()
     sentence_ids = method.encoder.format.sentence_ids(sentences)
+    prompt_ids = method.encoder.format.sentence_ids([prompt])[0] if prompt else None
     order = np.argsort([len(ids) for ids in sentence_ids], kind="stable")[::-1]
     show = len(sentences) > 10 * batch_size if show_progress is None else show_progress
     # rows in `order`, copied batch by batch without waiting for the device (pinned memory on a GPU)
@@ -89,7 +105,9 @@ def _encode(method: LightningModule, sentences: list[str], batch_size: int, show
     with method.eval_autocast():
         for start in progress_bar(range(0, len(sentences), batch_size), desc=label, disable=not show):
             rows = order[start : start + batch_size]
-            features = method.features_from_ids([sentence_ids[i] for i in rows])
+            batch_ids = [sentence_ids[i] for i in rows]
+            features = (method.features_from_ids(batch_ids) if prompt_ids is None
+                        else prompted_features(method, batch_ids, prompt_ids))
             in_order[start : start + len(rows)].copy_(method.embed_features(features).float(), non_blocking=True)
     if method.device.type == "cuda":
         torch.cuda.current_stream(method.device).synchronize()  # the one wait: every copy has landed

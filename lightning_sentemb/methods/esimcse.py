@@ -214,6 +214,6 @@ class ESimCSE(SentEmbMethod):
                           for span in chunk_spans(local_batch, chunk)])
         keys = self.project(keys)
         # the global batch's keys in its examples' order, as one process pushes them: rank r holds every
-        # world-size-th example from r (`data.datamodule.ResumableBatchSampler`)
+        # world-size-th example from r (`data.loader.rank_rows`)
         size = world()[1]
         self.queue.push(keys if size == 1 else gather_strided_rows(keys, size * local_batch))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..data.datamodule import batch_seed
+from ..data.loader import batch_seed, gathered_position
 from ..distributed import gather_with_grad, local_labels, world
 from ..errors import SentEmbUserError, check_choice
 from ..losses.mixcse import MixCSELoss, MixLayout, MixWith, mixing_partners
@@ -38,11 +38,9 @@ PARTNER_STREAM = 0x4D6978  # keeps the partners' random stream apart from any ot
 
 
 def example_order(size: int, local: int, device: torch.device) -> Tensor:
-    """Where each example of the global batch sits once gathered rank after rank: rank r holds every
-    size-th example from r (`data.datamodule.ResumableBatchSampler`), so example c is rank c % size's
-    row c // size, at c % size · local + c // size."""
-    examples = torch.arange(size * local, device=device)
-    return examples % size * local + examples // size
+    """Where each example of the global batch sits once gathered rank after rank (`data.loader.rank_rows`:
+    rank r holds every size-th example from r)."""
+    return gathered_position(size * local, size, local, device)
 
 
 class MixCSE(SentEmbMethod):

@@ -90,6 +90,7 @@ class PromptMethod(SimCSE):
     """
 
     export_format = "template"  # `export.template.TemplateSentenceEncoder`
+    mixture_options = frozenset()  # a template wraps the sentence: no instruction before it
 
     def __init__(
         self,

@@ -21,7 +21,8 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import get_linear_schedule_with_warmup
 
 from .. import matryoshka
-from ..data.datamodule import batch_seed
+from ..data.loader import batch_seed
+from ..data.mixture import MixtureSource
 from ..errors import SentEmbUserError
 from ..fsdp import is_sharded
 from ..losses.mlm import token_prediction_loss
@@ -43,7 +44,10 @@ def sentence_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The method's `embedding_loss`, given the guide's mask when there is a guide (`guided`: the mask a
     caller already has for these texts; else `guide_drop`'s); with `matryoshka_dims`, summed over
-    truncations (`matryoshka_loss`)."""
+    truncations (`matryoshka_loss`). A batch from a mixture's dataset is first checked against what the
+    method applies (`check_source`)."""
+    if "dataset" in batch:
+        method.check_source(batch["dataset"])
     drop, guide_logs = guided if guided is not None else method.guide_drop(embeddings, batch)
     loss_fn = method.embedding_loss if drop is None else partial(method.embedding_loss, drop=drop)
     dims = method.hparams.matryoshka_dims
@@ -53,6 +57,20 @@ def sentence_loss(
         batch = method.prepare_truncations(embeddings, batch)
         loss, logs = matryoshka.matryoshka_loss(loss_fn, embeddings, batch, dims, method.hparams.matryoshka_weights)
     return loss, {**logs, **guide_logs}
+
+
+def check_source(method: LightningModule, source: MixtureSource) -> None:
+    """One line for a mixture's dataset asking what this method does not apply (`mixture_options`);
+    checked on every batch from a mixture (a few attribute reads, on the host)."""
+    asked = {"instruction": bool(source.instruction_ids), "in_batch_negatives": not source.in_batch_negatives,
+             "query_max_len": source.query_max_len is not None, "doc_max_len": source.doc_max_len is not None}
+    refused = [option for option, set_ in asked.items() if set_ and option not in method.mixture_options]
+    if refused:
+        raise SentEmbUserError(f"data.datasets.{source.name}.{refused[0]}: {type(method).__name__} does not apply it "
+                               "(SimCSE does, docs/mixtures.md); remove it from that dataset")
+    if source.instruction_ids and method.hparams.template is not None:
+        raise SentEmbUserError(f"data.datasets.{source.name}.instruction: model.init_args.template wraps the "
+                               "sentence in a template of its own; instructions go before plain input only")
 
 
 def training_loss(method: LightningModule, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -87,6 +105,8 @@ def training_step(method: LightningModule, batch: dict[str, Any], batch_idx: int
     # not prog_bar: Lightning would read it back every step; `SentEmbProgressBar` shows it at log steps
     method.log("train/loss", loss, batch_size=batch_size)
     method.log_dict({f"train/{k}": v for k, v in logs.items()}, batch_size=batch_size)
+    if "dataset" in batch:  # a mixture's batch: its dataset's own curve, at the steps it draws (a host-side name)
+        method.log(f"train/loss/{batch['dataset'].name}", loss, batch_size=batch_size)
     return loss
 
 

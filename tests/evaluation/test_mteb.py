@@ -149,3 +149,37 @@ def test_evaluate_cli_puts_mteb_scores_in_results_and_report(tiny_bert: str, tmp
         assert "sts" not in results[row]
     assert results["tiny @8"]["dim"] == 8
     assert "## MTEB" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_prompts_before_queries_from_the_model_a_file_or_the_tasks_instruction(tmp_path: Path) -> None:
+    """Which text `MTEBModel` puts before a task's texts: the model's prompt for the task (a key mteb knows;
+    a training dataset's name is left out), else the task's instruction in the given format before queries
+    and symmetric texts, never documents; nothing without either."""
+    from mteb._create_dataloaders import create_dataloader
+
+    from lightning_sentemb.evaluation.mteb import read_prompts
+
+    asked: list[str | None] = []
+
+    def encode(sentences, prompt=None, **kwargs):
+        asked.append(prompt)
+        return torch.zeros(len(sentences), 4)
+
+    task = local_sts_task("LocalSTSPrompted", SENTENCES[:2], SENTENCES[2:], [1.0, 2.0])
+    task.metadata.prompt = "Retrieve semantically similar text."
+    loader = create_dataloader(Dataset.from_dict({"text": SENTENCES}), task_metadata=task.metadata, batch_size=3)
+    embedder = Embedder(encode, 4, prompts={"nli": "Instruct: NLI\nQuery: "})
+    cases = [(MTEBModel(embedder), None, None),
+             (MTEBModel(embedder, instruction_format="Instruct: {instruction}\nQuery: "), None,
+              "Instruct: Retrieve semantically similar text.\nQuery: "),
+             (MTEBModel(embedder, instruction_format="{instruction}: "), mteb.types.PromptType.document, None),
+             (MTEBModel(embedder, prompts={"STS": "Q: "}, instruction_format="{instruction}: "), None, "Q: ")]
+    for model, prompt_type, want in cases:
+        model.encode(loader, task_metadata=task.metadata, hf_split="test", hf_subset="default", prompt_type=prompt_type)
+        assert asked.pop() == want
+    assert "nli" not in MTEBModel(embedder).model_prompts
+    (tmp_path / "prompts.yaml").write_text('STS12: "Instruct: x\\nQuery: "\nquery: "q: "\n')
+    assert read_prompts(str(tmp_path / "prompts.yaml")) == {"STS12": "Instruct: x\nQuery: ", "query": "q: "}
+    (tmp_path / "bad.yaml").write_text("[1, 2]\n")
+    with pytest.raises(SentEmbUserError, match=r"^--mteb-prompts .*bad.yaml: give a mapping of mteb keys"):
+        read_prompts(str(tmp_path / "bad.yaml"))
