@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.plugins import MixedPrecision
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -225,6 +226,32 @@ def test_trainer_gradient_clipping_applies_under_caching(algorithm: str, tiny_be
         assert relative_error(raw, w) > 0.1  # clipped well below the raw gradient
     for g, w in zip(got_unclipped, want_unclipped, strict=True):
         assert relative_error(g, w) < 1e-5
+
+
+
+@pytest.mark.parametrize("chunk", [0, CHUNK])
+def test_fp16_loss_scaling_unscales_before_clipping(chunk: int, tiny_bert: str) -> None:
+    """Under `16-mixed` (the SimCSE-family seed rows' precision) with the clip every reference applies, the step
+    goes through the GradScaler with the gradients unscaled before they are clipped, cached or not: the step
+    sees global norm = the clip value, not the clip value / the loss scale (and fused AdamW, which unscales
+    inside its step, made Lightning refuse the clip). Lightning turns `16-mixed` on CPU into bf16; the plugin
+    given here keeps fp16's scaler on CPU."""
+    torch.manual_seed(0)
+    method = build_method(SimCSE, tiny_bert, lr=1e-3, grad_cache_chunk=chunk)
+    scale, clip = 2.0**10, 1e-3
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=scale))
+    stepped = RecordSteppedGradients()
+    raw = fit_steps(method, examples(method), steps=2, plugins=[plugin], gradient_clip_val=clip,
+                    callbacks=[stepped])
+    assert plugin.scaler.get_scale() == scale  # no step skipped for overflow
+
+    def global_norm(grads: dict[str, torch.Tensor]) -> float:
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads.values()]))
+
+    assert len(stepped.grads) == 2
+    for before, after in zip(raw.grads, stepped.grads, strict=True):
+        assert global_norm(before) > 10 * clip  # unscaled before the clip, and well above it
+        assert global_norm(after) == pytest.approx(clip, rel=1e-3)
 
 
 def test_gradient_accumulation_is_refused_under_caching(tiny_bert: str) -> None:

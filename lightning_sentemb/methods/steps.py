@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins import FSDPPrecision, MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
@@ -136,8 +137,12 @@ def configure_optimizers(method: LightningModule) -> dict[str, Any]:
     """AdamW over what trains, linear warm-up then linear decay to 0 over the run's steps."""
     params = [p for p in method.parameters() if p.requires_grad]
     hp = method.hparams
-    # fused: one kernel for all parameters, no per-tensor launches (CPU and CUDA alike)
-    optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, fused=True)
+    # fused: one kernel for all parameters, no per-tensor launches (CPU and CUDA alike). Not under fp16's loss
+    # scaling: fused AdamW unscales inside its step, where the clip cannot see unscaled gradients (Lightning
+    # refuses clipping then); the foreach kernel lets the scaler unscale first.
+    plugin = method.trainer.precision_plugin
+    scaled = isinstance(plugin, (MixedPrecision, FSDPPrecision)) and plugin.scaler is not None
+    optimizer = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, fused=not scaled)
     total = method.trainer.estimated_stepping_batches
     total = int(total) if math.isfinite(total) else 10**9
     schedule = get_linear_schedule_with_warmup(optimizer, hp.warmup_steps, total)

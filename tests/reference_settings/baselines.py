@@ -9,6 +9,9 @@ from . import Setting
 
 CLIP = "trainer.gradient_clip_val"
 LR, BATCH, PRECISION = "model.init_args.lr", "data.batch_size", "trainer.precision"
+# how dev and test are encoded: the SimCSE-derived trainers' evaluate() and sentence-transformers' evaluators
+# run outside autocast (fp32); ConSERT's apex O1 patches torch's functions for the whole process (half)
+EVAL_PRECISION = "model.init_args.eval_precision"
 MONITOR, STS_B = "checkpoint.monitor", "val/STSBenchmark-dev"
 
 
@@ -38,6 +41,7 @@ ESIMCSE_SETTINGS = [
         ("model.init_args.dup_rule", "reference", f"{ESIMCSE}train.py:517"),
         ("model.init_args.momentum_init", "fresh", f"{ESIMCSE}esimcse/models.py:94"),
         (PRECISION, "16-mixed", f"{ESIMCSE}run.sh:52"),
+        (EVAL_PRECISION, "32", f"{ESIMCSE}esimcse/trainers.py:115"),
         ("trainer.val_check_interval", 125, f"{ESIMCSE}run.sh:45"),
         (MONITOR, STS_B, f"{ESIMCSE}run.sh:43"),
         ("model.init_args.weight_decay", 0.0, f"{ESIMCSE}esimcse/trainers.py:478"),
@@ -58,6 +62,7 @@ MIXCSE_SETTINGS = [
         ("model.init_args.val_mlp", True, f"{MIXCSE}mixcse/models_mix.py:329"),
         ("model.init_args.mlp", "train", f"{MIXCSE}run_unsup_example.sh:28"),
         (PRECISION, "32-true", f"{MIXCSE}run_unsup_example.sh:5"),
+        (EVAL_PRECISION, "32", f"{MIXCSE}mixcse/trainers.py:232"),
         ("trainer.val_check_interval", 125, f"{MIXCSE}run_unsup_example.sh:17"),
         (MONITOR, STS_B, f"{MIXCSE}run_unsup_example.sh:15"),
     )
@@ -84,6 +89,7 @@ DCLR_SETTINGS = [
         ("model.init_args.objective", "reference", f"{DCLR}simcse/models.py:709"),
         (MONITOR, "val/avg", f"{DCLR}simcse/trainers.py:137"),
         (PRECISION, "32-true", f"{DCLR}run.sh:{lines['fp16']}"),
+        (EVAL_PRECISION, "32", f"{DCLR}simcse/trainers.py:116"),
     )
 ] + rows("dclr_bert_large", ("model.init_args.global_batch", 256, f"{DCLR}run.sh:71"))
 
@@ -98,6 +104,7 @@ SNCSE_SETTINGS = [
         (LR, lr, f"{SNCSE}train_SNCSE.sh:{batch_line + 1}"),
         (BATCH, batch, f"{SNCSE}train_SNCSE.sh:{batch_line}"),
         (PRECISION, "32-true", f"{SNCSE}train_SNCSE.sh:{start}"),
+        (EVAL_PRECISION, "32", f"{SNCSE}SNCSE/simcse/trainers.py:115"),
         ("trainer.val_check_interval", 125, f"{SNCSE}train_SNCSE.sh:{batch_line + 7}"),
         (MONITOR, STS_B, f"{SNCSE}train_SNCSE.sh:{batch_line + 3}"),
     )
@@ -121,6 +128,8 @@ CONSERT_SETTINGS = [
         ("model.init_args.weight_decay", 0.01, f"{FIT}:461"),
         ("model.init_args.warmup_steps", warmup, f"{CONSERT}main.py:284"),
         (PRECISION, "16-mixed", f"{CONSERT}scripts/{script}:1"),
+        # amp.initialize (O1) casts every later call, the evaluator's and the test's (main.py:309-315) too
+        (EVAL_PRECISION, "auto", f"{FIT}:552"),
         ("trainer.val_check_interval", eval_steps, f"{CONSERT}scripts/{script}:1"),
         ("trainer.check_val_every_n_epoch", 1, f"{FIT}:558"),
         (MONITOR, STS_B, f"{CONSERT}main.py:278"),
@@ -140,6 +149,7 @@ SBERT_SETTINGS = rows(
     ("model.init_args.weight_decay", 0.01, f"{ST}sentence_transformers/fit_mixin.py:175"),
     ("model.init_args.pooler", "avg", f"{ST}examples/sentence_transformer/training/nli/training_nli.py:38"),
     (PRECISION, "32-true", f"{ST}sentence_transformers/fit_mixin.py:180"),
+    (EVAL_PRECISION, "32", f"{ST}sentence_transformers/evaluation/EmbeddingSimilarityEvaluator.py:251"),
 )
 
 FLOW = "bohanli/BERT-flow/"
@@ -158,6 +168,7 @@ FLOW_SETTINGS = [
         ("model.init_args.lr_schedule", "constant", f"{FLOW}optimization_bert_flow.py:81"),
         (MONITOR, None, f"{FLOW}run_siamese.py:843"),
         (PRECISION, "32-true", f"{FLOW}run_siamese.py:843"),
+        (EVAL_PRECISION, "32", f"{FLOW}run_siamese.py:847"),
     )
 ] + rows("flow", ("model.init_args.pooler", "avg_first_last", f"{FLOW}run_siamese.py:174"))
 

@@ -25,10 +25,11 @@ def pins(config: str, *rows: tuple[str, Any, str]) -> list[Setting]:
 
 
 def loop(config: str, trainer: str, clip: int, dev: int, metric: str, eval_steps: str,
-         gpus: tuple[int, str] = (1, "")) -> list[Setting]:
+         gpus: tuple[int, str] = (1, ""), *, fp16: str) -> list[Setting]:
     """The HF Trainer loop every reference shares (`trainer`, its copy): the clip at line `clip`, AdamW without
-    decay or warm-up (4.2.1's defaults), STS-B dev encoded in fp32 (line `dev`: autocast is for training only;
-    the evaluation scripts never cast either) every `eval_steps`, the best score's checkpoint kept.
+    decay or warm-up (4.2.1's defaults), native AMP with loss scaling (the script's `--fp16`, at `fp16`), STS-B
+    dev encoded in fp32 (line `dev`: autocast is for training only; the evaluation scripts never cast either)
+    every `eval_steps`, the best score's checkpoint kept.
 
     `gpus`: (k, the line that gathers the views) for a run on k GPUs: each rank's loss is the gathered
     global batch's, through its own rows, and DDP averages the k gradients, so the reference clips the full
@@ -36,6 +37,7 @@ def loop(config: str, trainer: str, clip: int, dev: int, metric: str, eval_steps
     clip = f"{trainer}:{clip}"
     return pins(
         config,
+        ("trainer.precision", "16-mixed", fp16),
         ("model.init_args.eval_precision", "32", f"{trainer}:{dev}"),
         ("trainer.gradient_clip_val", float(gpus[0]), gpus[1] if gpus[0] > 1 else clip),
         ("trainer.gradient_clip_algorithm", "norm", clip),
@@ -61,7 +63,7 @@ def simcse(config: str, lr: float, lr_line: int, batch: int) -> list[Setting]:
     return [
         # sup: 128 x 4 GPUs (run_sup_example.sh:6, :23), gathered at simcse/models.py:188
         *loop(config, f"{SIMCSE}/simcse/trainers.py", 473, 115, line(16, 27), line(18, 29),
-              (4, f"{SIMCSE}/simcse/models.py:188") if supervised else (1, "")),
+              (4, f"{SIMCSE}/simcse/models.py:188") if supervised else (1, ""), fp16=line(25, 35)),
         *pins(
             config,
             ("model.init_args.lr", lr, f"{README}:{lr_line}"),
@@ -86,7 +88,7 @@ def promptbert(config: str, roberta: bool) -> list[Setting]:
     """bert-large / roberta-large have no script: the base run's lines (the configs say so)."""
     batch, epochs, lr = (76, 77, 78) if roberta else (94, 95, 96)
     rows = [
-        *loop(config, f"{PB}/prompt_bert/trainers.py", 474, 115, f"{RUN}:6", f"{RUN}:5"),
+        *loop(config, f"{PB}/prompt_bert/trainers.py", 474, 115, f"{RUN}:6", f"{RUN}:5", fp16=f"{RUN}:166"),
         *pins(
             config,
             ("model.init_args.lr", 1e-5, f"{RUN}:{lr}"),
@@ -114,7 +116,9 @@ CONPVP_PAPER = "../shared/papers/conpvp_zeng2022.txt"  # Zeng et al. (2022), Tab
 
 def conpvp(config: str, lr: float, batch: int, line: int) -> list[Setting]:
     return [
-        *loop(config, f"{CP}/simcse/trainers.py", 497, 138, f"{CONPVP_PAPER}:332", f"{CONPVP_PAPER}:330"),
+        # no run script: SimCSE's --fp16 assumed (the code is a copy of SimCSE's; its own default is fp32)
+        *loop(config, f"{CP}/simcse/trainers.py", 497, 138, f"{CONPVP_PAPER}:332", f"{CONPVP_PAPER}:330",
+              fp16=f"{UNSUP}:25"),
         *pins(
             config,
             ("model.init_args.lr", lr, f"{CONPVP_PAPER}:{line}"),
@@ -138,7 +142,7 @@ def dcpcse(config: str, lr: float, batch: int, prefix: int, mlm: float) -> list[
         return f"{script}:{sup if supervised else unsup}"
 
     return [
-        *loop(config, f"{DC}/dcpcse/trainers.py", 504, 146, line(16, 27), line(18, 29)),
+        *loop(config, f"{DC}/dcpcse/trainers.py", 504, 146, line(16, 27), line(18, 29), fp16=line(26, 36)),
         *pins(
             config,
             ("data.batch_size", batch, f"{DC_README}:{first}"),
@@ -157,7 +161,9 @@ def dcpcse(config: str, lr: float, batch: int, prefix: int, mlm: float) -> list[
 
 DCPCSE_PAPER = "../shared/papers/dcpcse_jiang2022.txt"  # Jiang & Wang (2022), Appendix A
 SCPCSE = [
-    *loop("scpcse", f"{DC}/dcpcse/trainers.py", 504, 146, f"{DCPCSE_PAPER}:179", f"{DCPCSE_PAPER}:203"),
+    # App. A (:203): "other settings are the same as those in SimCSE", whose script passes --fp16
+    *loop("scpcse", f"{DC}/dcpcse/trainers.py", 504, 146, f"{DCPCSE_PAPER}:179", f"{DCPCSE_PAPER}:203",
+          fp16=f"{UNSUP}:25"),
     *pins(
         "scpcse",
         ("model.init_args.lr", 1e-3, f"{DCPCSE_PAPER}:203"),
@@ -188,7 +194,7 @@ def clusterns(config: str, values: dict[str, Any], gpus: int = 1) -> list[Settin
             "model.init_args.bml_alpha", "model.init_args.bml_beta"]
     rows = [
         *loop(config, f"{CN}/{'prompt_bert' if prompt else 'simcse'}/trainers.py", 475 if prompt else 473, 115,
-              line(18, 27), line(20, 29), (gpus, f"{CN}/{models}:{230 if prompt else 196}")),
+              line(18, 27), line(20, 29), (gpus, f"{CN}/{models}:{230 if prompt else 196}"), fp16=line(31, 40)),
         *pins(config, *((key, value, f"{CN_README}:{62 + i}") for i, (key, value) in enumerate(
             zip(keys, values.values(), strict=True)))),
         *pins(
