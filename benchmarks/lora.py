@@ -4,7 +4,8 @@ Unsupervised SimCSE (dropout views, batch `--batch` sentences of `--length` toke
 step included, through Lightning's Trainer) on a randomly initialized Qwen2-shaped decoder of about
 100M parameters (`random_models.qwen2_decoder`: hidden 768, 12 layers, 12 query / 2 key-value heads,
 FFN 2048, a BPE tokenizer trained on the wiki1m mirror), built here, last-token pooling: full
-fine-tuning vs LoRA vs LoRA + gradient checkpointing. Each configuration runs in a fresh process; on
+fine-tuning vs LoRA vs LoRA + gradient checkpointing. Each configuration runs in a fresh process (with
+`--shape small`, a check that it runs, all share one: its memory columns then mean nothing); on
 CPU peak memory is the process's peak RSS (`ru_maxrss`), on a GPU `torch.cuda.max_memory_allocated`.
 The first step is an untimed warm-up. The checkpoint is the one a
 fit writes (`trainer.save_checkpoint`: weights or adapters, optimizer and run state), so its size ratio
@@ -43,15 +44,15 @@ CONFIGS = {  # name: (lora, gradient checkpointing)
 }
 
 
-def child(args: argparse.Namespace) -> dict:
-    """One configuration in this (fresh) process."""
+def child(args: argparse.Namespace, name: str) -> dict:
+    """The configuration `name` in this (fresh) process."""
     import torch
     from lightning.pytorch import Callback, Trainer
     from torch.utils.data import DataLoader
 
     from lightning_sentemb.methods import SimCSE
 
-    lora, checkpointing = CONFIGS[args.child]
+    lora, checkpointing = CONFIGS[name]
     torch.manual_seed(0)
     settings = {"r": args.r, "alpha": 2 * args.r, "dropout": 0.05, "target_modules": "all-linear"}
     method = build_method(SimCSE, args.backbone, pooler="last", mlp="none", lr=1e-5,
@@ -119,20 +120,23 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--backbone", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args)))
+    if args.child:  # comma-separated configuration names
+        print(json.dumps({name: child(args, name) for name in args.child.split(",")}))
         return
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         # the small shape checks that it runs: its tokenizer needs no more than a few thousand lines
         qwen2_decoder(folder, 20_000 if args.shape == "small" else None, **SHAPES[args.shape])
-        for name in CONFIGS:
-            command = [sys.executable, __file__, *sys.argv[1:], "--child", name, "--backbone", folder]
+        # the small shape's configurations share one process: it checks that each runs, not its memory
+        groups = [list(CONFIGS)] if args.shape == "small" else [[name] for name in CONFIGS]
+        for names in groups:
+            command = [sys.executable, __file__, *sys.argv[1:], "--child", ",".join(names), "--backbone", folder]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            results[name] = json.loads(done.stdout.strip().splitlines()[-1])
-            print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
+                raise SystemExit(f"{', '.join(names)} failed:\n{done.stderr[-3000:]}")
+            results.update(json.loads(done.stdout.strip().splitlines()[-1]))
+            for name in names:
+                print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
     full = results["full fine-tuning"]

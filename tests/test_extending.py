@@ -22,16 +22,33 @@ REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a man plays guitar", "the cat sleeps on the mat", "kids play football today"]
 
 
-def sentemb(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    """`sentemb ARGS` run from `cwd` as the installed command runs: `-P` keeps Python from putting the
-    working directory on sys.path itself, and PYTHONPATH holds only this checkout (the installed package)."""
+# The user's three commands, one after the other in one interpreter (a fresh one costs ~9 s of imports), each
+# as a fresh `sentemb` process starts: before evaluate and export, `my_method` is forgotten (its module and
+# the folders the fit put on sys.path), so they must find it in their own working directory.
+USER_COMMANDS = """
+import json, os, sys
+from lightning_sentemb.cli import main
+user, fit, evaluate, export = json.loads(sys.argv[1])
+main(fit)
+sys.modules.pop("my_method")
+sys.path[:] = [folder for folder in sys.path if folder not in (os.getcwd(), user)]
+os.chdir(user)
+main(evaluate)
+main(export)
+"""
+
+
+def sentemb(cwd: Path, user: Path, *commands: list[str]) -> subprocess.CompletedProcess:
+    """`sentemb FIT` run from `cwd`, then `sentemb EVALUATE` and `sentemb EXPORT` from `user`, as the installed
+    command runs: `-P` keeps Python from putting the working directory on sys.path itself, and PYTHONPATH
+    holds only this checkout (the installed package)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-P", "-m", "lightning_sentemb.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-P", "-c", USER_COMMANDS, json.dumps([str(user), *commands])],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow  # four fresh processes (the user's commands); the in-process checks below are the fast path
-def test_the_docs_example_method_trains_evaluates_and_exports_from_the_users_folder(
+@pytest.mark.slow  # two fresh processes (the user's commands, sentence-transformers); the in-process checks
+def test_the_docs_example_method_trains_evaluates_and_exports_from_the_users_folder(  # below are the fast path
     tiny_bert, sts_fixture, tmp_path, monkeypatch
 ):
     assert "examples/my_method.py" in (REPO / "docs" / "extending.md").read_text()  # the file the docs walk through
@@ -40,26 +57,23 @@ def test_the_docs_example_method_trains_evaluates_and_exports_from_the_users_fol
     for name in ("my_method.py", "my_method.yaml"):
         shutil.copy(REPO / "examples" / name, user / name)
     run = tmp_path / "run"
-    # fit from the folder above: the module is found beside its config
-    fit = sentemb(tmp_path, "fit", "-c", "project/my_method.yaml", "--model.init_args.backbone", tiny_bert,
-                  "--trainer.max_steps", "3", "--trainer.val_check_interval", "3", "--trainer.precision", "32",
-                  "--trainer.default_root_dir", str(run), "--trainer.accelerator", "cpu", "--data.batch_size", "8",
-                  "--data.data_dir", str(sts_fixture), "--data.cache_dir", str(tmp_path / "cache"),
-                  "--data.val_tasks", "[STSBenchmark-dev]", "--trainer.enable_model_summary", "false")
-    assert fit.returncode == 0, fit.stderr[-3000:]
-    assert "SymmetricSimCSE" in fit.stdout + fit.stderr
+    best = run / "checkpoints" / "best.ckpt"
+    # fit from the folder above: the module is found beside its config; evaluate and export from the user's
+    # folder: the module is found in the working directory
+    fit = ["fit", "-c", "project/my_method.yaml", "--model.init_args.backbone", tiny_bert, "--trainer.max_steps", "3",
+           "--trainer.val_check_interval", "3", "--trainer.precision", "32", "--trainer.default_root_dir", str(run),
+           "--trainer.accelerator", "cpu", "--data.batch_size", "8", "--data.data_dir", str(sts_fixture),
+           "--data.cache_dir", str(tmp_path / "cache"), "--data.val_tasks", "[STSBenchmark-dev]",
+           "--trainer.enable_model_summary", "false"]
+    scores, export = tmp_path / "scores.json", ["export", str(best), str(tmp_path / "export")]
+    done = sentemb(tmp_path, user, fit, ["evaluate", "--model", str(best), "--data-dir", str(sts_fixture), "--output",
+                                         str(scores)], export)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SymmetricSimCSE" in done.stdout + done.stderr
     metrics = (run / "lightning_logs" / "version_0" / "metrics.csv").read_text()
     assert "train/positive_cosine" in metrics.splitlines()[0]  # the method's extra log
-    best = run / "checkpoints" / "best.ckpt"
     assert torch.load(best, weights_only=False)["sentemb_method"] == "my_method.SymmetricSimCSE"
-
-    # evaluate and export from the user's folder: the module is found in the working directory
-    evaluated = sentemb(user, "evaluate", "--model", str(best), "--data-dir", str(sts_fixture), "--output",
-                        str(tmp_path / "scores.json"))
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert "STSBenchmark" in json.loads((tmp_path / "scores.json").read_text())["sts"]
-    exported = sentemb(user, "export", str(best), str(tmp_path / "export"))
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "STSBenchmark" in json.loads(scores.read_text())["sts"]
 
     card = (tmp_path / "export" / "README.md").read_text()
     assert "# SymmetricSimCSE on " in card and "`my_method.SymmetricSimCSE`" in card

@@ -270,7 +270,17 @@ class SaveRankZeroGradients(RecordGradients):
             torch.save(self.grads, self.path)
 
 
-DDP_NAMES = ["simcse", "promptbert_matryoshka"]
+# simcse_lora: tests.test_lora's LoRA SimCSE (random adapters), its fit in this launch rather than one of its own
+DDP_NAMES = ["simcse", "promptbert_matryoshka", "simcse_lora"]
+
+
+def ddp_method(name: str, backbone: str) -> SentEmbMethod:
+    """METHODS[name] in float64, or for "simcse_lora" tests.test_lora's LoRA SimCSE."""
+    if name == "simcse_lora":
+        from tests.test_lora import lora_simcse
+
+        return lora_simcse(backbone)
+    return build(name, backbone, dtype=torch.float64)
 
 
 def ddp_fit(backbone: str, out: str, *names: str) -> None:
@@ -278,7 +288,7 @@ def ddp_fit(backbone: str, out: str, *names: str) -> None:
     process group (one launch for all: each costs an interpreter per rank); Lightning relaunches
     `python -m tests.test_grad_cache` for rank 1, which runs the same fits. Rank 0 writes out/<name>.pt."""
     for name in names:
-        method = build(name, backbone, dtype=torch.float64)
+        method = ddp_method(name, backbone)
         method.hparams.grad_cache_chunk = CHUNK
         trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                           enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -301,12 +311,15 @@ def ddp_gradients(tiny_bert, tmp_path_factory) -> Path:
 def test_ddp_cached_gradient_equals_one_process(tiny_bert: str, ddp_gradients: Path) -> None:
     """2 CPU processes (gloo), 4 sentences each: the synced cached gradient is the one-process
     gradient of the 8-sentence global batch (InfoNCE is invariant to the order of the batch), also
-    with Matryoshka truncations (each all-gathers its truncated rows). One test for every method: their
-    fits share one launch, which a test a method would repeat on each xdist worker that got one."""
+    with Matryoshka truncations (each all-gathers its truncated rows), and with LoRA (only the adapters' and
+    the MLP's gradients, synced). One test for every method: their fits share one launch, which a test a
+    method would repeat on each xdist worker that got one."""
     for name in DDP_NAMES:
         (got,) = torch.load(ddp_gradients / f"{name}.pt")
-        method = build(name, tiny_bert, dtype=torch.float64)
+        method = ddp_method(name, tiny_bert)
         _, want = gradients(method, method.collate(examples(method)), 0)
+        if name == "simcse_lora":
+            assert set(got) == set(want) and all(".lora_" in k or k.startswith("mlp.") for k in want)
         assert relative_error(got, want) < 1e-10, name
 
 

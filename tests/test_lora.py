@@ -252,43 +252,12 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients(name, padding_
         torch.testing.assert_close(checkpointed_grads[key], plain_grads[key], rtol=1e-6, atol=1e-7, msg=key)
 
 
-def ddp_fit(backbone: str, out: str) -> None:
-    """One cached step of a LoRA SimCSE on 2 CPU processes; Lightning relaunches `python -m tests.test_lora`."""
-    from tests.test_grad_cache import SaveRankZeroGradients
-
-    method = lora_simcse(backbone)
-    method.hparams.grad_cache_chunk = CHUNK
-    trainer = Trainer(max_steps=1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, callbacks=[SaveRankZeroGradients(out)])
-    trainer.fit(method, DataLoader(examples(method), batch_size=4, collate_fn=method.collate))
-
-
 def lora_simcse(backbone: str) -> SimCSE:
+    """The LoRA SimCSE whose cached gradient on 2 processes equals one process's: its fit shares the launch
+    of tests/test_grad_cache.py's DDP fits (test_ddp_cached_gradient_equals_one_process, "simcse_lora")."""
     torch.manual_seed(0)
     method = build_method(SimCSE, backbone, pooler="avg", lora=LORA)
     return without_dropout(randomize_adapters(method)).to(torch.float64)
-
-
-@pytest.mark.slow
-def test_ddp_with_lora_equals_one_process(tiny_bert, tmp_path) -> None:
-    """2 CPU processes (gloo), 4 sentences each, gradient caching on: the adapters' synced gradient is
-    the one-process gradient of the 8-sentence global batch."""
-    import os
-    import subprocess
-    import sys
-
-    out = tmp_path / "grads.pt"
-    repo = Path(__file__).resolve().parents[1]
-    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(repo)}
-    result = subprocess.run([sys.executable, "-m", "tests.test_lora", tiny_bert, str(out)], cwd=repo, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
-    (got,) = torch.load(out)
-    method = lora_simcse(tiny_bert)
-    _, want = gradients(method, method.collate(examples(method)), 0)
-    assert set(got) == set(want) and all(".lora_" in k or k.startswith("mlp.") for k in want)
-    assert relative_error(got, want) < 1e-10
 
 
 # ----- checkpoints: exact resume, the frozen base left out, its identity ---------------------------
@@ -372,8 +341,3 @@ def test_lora_benchmark_runs_on_a_small_shape(shared_data, tmp_path) -> None:
     assert full["trainable"] == full["parameters"] and lora["trainable"] < lora["parameters"] / 20
     assert lora["checkpoint_mib"] < full["checkpoint_mib"] / 10
 
-
-if __name__ == "__main__":
-    import sys
-
-    ddp_fit(*sys.argv[1:])

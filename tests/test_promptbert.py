@@ -298,13 +298,14 @@ def check_demo_fit(config: str, tmp_path: Path, data: Path) -> None:
     from lightning_sentemb.loading import load_method
 
     root = tmp_path / "run"
-    fit = "--trainer.max_steps 3 --trainer.val_check_interval 3 --trainer.limit_val_batches 2"
-    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 256 --data.batch_size 16 "
-                  f"--data.eval_batch_size 64 --trainer.precision 32-true --data.cache_dir {root / 'cache'}"))
+    # 2 steps of 8, 1 scored batch of 32: every path of the demo (fit, checkpoint, test, reload, export), not its scores
+    fit = "--trainer.max_steps 2 --trainer.val_check_interval 2 --trainer.limit_val_batches 1"
+    main(cli_args("fit", config, root, data, f"{fit} --data.max_train_examples 16 --data.batch_size 8 "
+                  f"--data.eval_batch_size 32 --trainer.precision 32-true --data.cache_dir {root / 'cache'}"))
     checkpoint = root / "checkpoints" / "best.ckpt"
     assert checkpoint.exists()
-    test = (f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 2 "
-            "--data.eval_batch_size 64 --trainer.precision 32-true")
+    test = (f"--ckpt_path {checkpoint} --data.test_tasks [STSBenchmark] --trainer.limit_test_batches 1 "
+            "--data.eval_batch_size 32 --trainer.precision 32-true")
     main(cli_args("test", config, root, data, test))
     method = load_method(str(checkpoint))
     expected = method.encode(SENTENCES)
