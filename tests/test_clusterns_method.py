@@ -1,13 +1,10 @@
 """ClusterNS as a method: fits through the CLI, the logged curves, exact resume of the centroids,
 checkpoint contents from step 0, the ablation switches, global initialization, the prompt variant,
-DDP across two CPU processes, and the demo config."""
+and the demo config (its centroids under 2-process DDP: tests/test_resume.py)."""
 
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -235,32 +232,12 @@ def test_prefix_variant_trains_only_the_prefix_and_checkpoints_the_centroids(tin
 
 
 class DumpCentroids(Callback):
-    """Used by the DDP test's `sentemb fit` processes: each rank saves its centroid state."""
+    """Each rank saves its centroid state at the end of the fit (tests/test_resume.py's torchrun run: the ranks'
+    centroids are the same)."""
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         state = {k: v.clone() for k, v in pl_module.cluster_state.state_dict().items()}
         torch.save(state, Path(trainer.default_root_dir) / f"rank{trainer.global_rank}.pt")
-
-
-@pytest.mark.slow
-def test_ddp_fit_keeps_centroids_identical_across_ranks(tiny_bert, sts_fixture, tmp_path):
-    """`sentemb fit` with strategy ddp on two CPU processes (gloo), as a user runs it: Lightning relaunches
-    the command line for rank 1 (so it runs as a module from the repository root); the run validates, logs
-    and checkpoints."""
-    args = fit_args("ClusterNS", tiny_bert, sts_fixture, tmp_path, "--trainer.strategy", "ddp",
-                    "--trainer.devices", "2", "--trainer.callbacks+=tests.test_clusterns_method.DumpCentroids")
-    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "lightning_sentemb.cli", "fit", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "Starting with 2 processes" in result.stdout + result.stderr
-    assert (tmp_path / "checkpoints" / "best.ckpt").exists()
-    assert {"val/STSBenchmark-dev", "train/loss"} <= set(logged_columns(tmp_path))
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    assert bool(ranks[0]["initialized"]) and int(ranks[0]["num_updates"]) == 3
-    for key in ranks[0]:
-        assert torch.equal(ranks[0][key], ranks[1][key]), key
-    assert ranks[0]["centroids"].any()
 
 
 @pytest.mark.slow

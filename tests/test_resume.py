@@ -149,12 +149,13 @@ def test_torchrun_resume_is_bit_exact(tiny_bert, sts_fixture, corpus, tmp_path):
     """The same under 2-process CPU DDP (gloo) started by torchrun, with the multinode preset: SIGTERM on rank 0
     stops both ranks at one step, and `sentemb fit --ckpt_path last` under a new torchrun resumes it (rank 0's
     decision through the store torchrun's agent serves on MASTER_PORT). ClusterNS: its step is SimCSE's plus the
-    centroids rank 0 broadcasts. Two launches: the reference and the stopped run in one (tests/launch.py), the
-    resume as users type it."""
+    centroids rank 0 broadcasts: each rank's centroid state at the end, uninterrupted and resumed, is the same.
+    Two launches: the reference and the stopped run in one (tests/launch.py), the resume as users type it."""
 
     def command(root: Path, losses: Path, *extra: str) -> list[str]:
         kill = extra == ("kill",)
-        callbacks = [{"class_path": "tests.test_resume.RecordLosses", "init_args": {"path": str(losses)}}]
+        callbacks = [{"class_path": "tests.test_resume.RecordLosses", "init_args": {"path": str(losses)}},
+                     {"class_path": "tests.test_clusterns_method.DumpCentroids"}]
         callbacks += [{"class_path": "tests.test_resume.TerminateAt", "init_args": {"step": KILL_AT}}] if kill else []
         config = root.parent / f"{root.name}{'-kill' if kill else ''}-callbacks.yaml"
         config.write_text(json.dumps({"trainer": {"callbacks": callbacks}}))
@@ -178,6 +179,12 @@ def test_torchrun_resume_is_bit_exact(tiny_bert, sts_fixture, corpus, tmp_path):
     assert sorted(read_losses(tmp_path / "reference.jsonl")) == list(range(1, MAX_STEPS + 1))
     state, expected = trained_state(tmp_path / "run"), trained_state(tmp_path / "reference")
     assert all(torch.equal(state[k], expected[k]) for k in expected)
+    centroids = [torch.load(tmp_path / run / f"rank{rank}.pt") for run in ("reference", "run") for rank in (0, 1)]
+    first = centroids[0]
+    assert bool(first["initialized"]) and int(first["num_updates"]) > 0 and first["centroids"].any()
+    for other in centroids[1:]:  # both ranks, with and without the resume
+        assert other.keys() == centroids[0].keys()
+        assert all(torch.equal(other[key], centroids[0][key]) for key in other)
 
 
 def short_fit_args(backbone: str, data: Path, root: Path, *extra: str) -> list[str]:
