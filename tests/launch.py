@@ -1,5 +1,6 @@
 """`python -m tests.launch COMMANDS.json`: each `sentemb` command of a JSON list of argument lists, one
-after the other in one process; `torchrun` runs a program under torchrun, as users launch it.
+after the other in one process; `torchrun` runs a program under torchrun, as users launch it; `fork_ranks`
+runs a function on ranks forked from the test's process.
 
 Several 2-process fits then share one launch. A launch costs an interpreter per rank (about 9 s of
 imports on the 2-core machine: torch, Lightning, torchmetrics); Lightning's `ddp` relaunches this same
@@ -13,9 +14,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
 
 from lightning_sentemb.lightning_cli import lightning_main
 
@@ -49,8 +55,33 @@ def run(command: list[str], timeout: float = 600) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-if __name__ == "__main__":
-    for index, command in enumerate(json.loads(Path(sys.argv[1]).read_text())):
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def fork_ranks(target: Callable[..., None], *args: object, processes: int = 2) -> None:
+    """`target(*args)` on `processes` ranks forked from this process, each with the environment a launcher
+    (torchrun, srun) gives its ranks: rank, world size, a free address. Lightning's `ddp` then starts no process
+    of its own, and the ranks start with this process's imports (a fresh interpreter costs ~9 s a rank). The
+    launch itself is tested as users type it: torchrun in tests/test_resume.py and tests/test_mixture_ddp.py,
+    Lightning's relaunch in tests/test_fsdp.py."""
+    mp.start_processes(forked_rank, args=(target, args, free_port(), processes), nprocs=processes, join=True,
+                       start_method="fork")
+
+
+def forked_rank(rank: int, target: Callable[..., None], args: tuple, port: int, processes: int) -> None:
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), nor may
+    os.environ.update(OMP_NUM_THREADS="1",  # Lightning's strategy raise the thread count again
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(processes), RANK=str(rank),
+                      LOCAL_RANK=str(rank), NODE_RANK="0", WANDB_MODE="disabled")
+    target(*args)
+
+
+def run_commands(commands: list[list[str]]) -> None:
+    """Each `sentemb` command in this process, one after the other; a fit stopped by SIGTERM is said on stdout."""
+    for index, command in enumerate(commands):
         try:
             lightning_main(command)
         except SystemExit as stop:  # a fit stopped by SIGTERM (last.ckpt saved): the next command may resume it
@@ -60,3 +91,7 @@ if __name__ == "__main__":
             # size (a flush of a long buffer is split, and the two ranks' lines once ran together)
             sys.stdout.flush()
             os.write(sys.stdout.fileno(), f"launch: command {index} stopped by SIGTERM\n".encode())
+
+
+if __name__ == "__main__":
+    run_commands(json.loads(Path(sys.argv[1]).read_text()))

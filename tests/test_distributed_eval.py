@@ -5,7 +5,6 @@ gloo processes as with 1, and one rank's scoring error is raised on every rank."
 from __future__ import annotations
 
 import csv
-import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.simcse import SimCSE
 from tests.conftest import write_sts_fixture
 from tests.evaluation.conftest import write_clustering_fixture, write_transfer_fixture
-from tests.test_fsdp import free_port
+from tests.launch import fork_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football",
@@ -120,19 +119,9 @@ def evaluation_data(tmp_path_factory) -> Path:
     return write_clustering_fixture(root)
 
 
-def validate_rank(rank: int, args: list[str], port: int) -> None:
-    """One rank of `sentemb validate` on 2 processes, started as a launcher starts it (its rank, world size and
-    address in the environment: Lightning's `ddp` then starts no process of its own)."""
-    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool (it hangs), nor may
-    os.environ.update(OMP_NUM_THREADS="1",  # Lightning's strategy raise the thread count again
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", RANK=str(rank),
-                      LOCAL_RANK=str(rank), NODE_RANK="0")
-    lightning_main(args)
-
-
 def validate(backbone: str, data: Path, root: Path, devices: int) -> dict[str, float]:
     """`sentemb validate` of the untrained model on `devices` gloo processes (one: in this process; two: forked
-    from it, so the ranks start with its imports); the metrics rank 0 logged."""
+    from it, tests/launch.py); the metrics rank 0 logged."""
     args = ["validate", "--model", "lightning_sentemb.methods.SimCSE", "--model.backbone", backbone,
             "--model.pooler", "cls", "--data.data_dir", str(data), "--data.eval_batch_size", "4",
             "--data.val_tasks", "[STSBenchmark-dev, SICKRelatedness-dev]",
@@ -143,7 +132,7 @@ def validate(backbone: str, data: Path, root: Path, devices: int) -> dict[str, f
     if devices == 1:
         lightning_main(args)
     else:
-        mp.start_processes(validate_rank, args=(args, free_port()), nprocs=devices, join=True, start_method="fork")
+        fork_ranks(lightning_main, args, processes=devices)
     with open(next(root.glob("lightning_logs/version_*/metrics.csv"))) as file:
         rows = list(csv.DictReader(file))
     return {key: float(value) for row in rows for key, value in row.items() if value and key != "step"}

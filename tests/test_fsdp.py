@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from lightning_sentemb.lightning_cli import resolve_last
 from lightning_sentemb.loading import load_method
 from tests.conftest import write_sts_fixture
 from tests.evaluation.conftest import write_clustering_fixture
-from tests.launch import launch
+from tests.launch import free_port, launch
 from tests.test_resume import run_args, trained_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,12 +130,6 @@ def test_ckpt_path_last_follows_rank_zero(tmp_path):
     with pytest.raises(SentEmbUserError, match="--ckpt_path last: .* does not exist"):
         resolve_last("test", callback, rank_zero)
     assert resolve_last("fit", callback, lambda seen: seen) == str(callback.last_path)  # one process
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def srun_environment(rank: int, port: int) -> dict[str, str]:

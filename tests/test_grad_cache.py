@@ -8,9 +8,6 @@ so two fp32 gradients cannot agree to 1e-6; fp32 caching is checked to be as clo
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +25,7 @@ from lightning_sentemb.methods.building import build_method
 from lightning_sentemb.methods.consert import ConSERT
 from lightning_sentemb.methods.mixcse import MixCSE
 from tests.examples import training_examples
+from tests.launch import fork_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
@@ -284,9 +282,8 @@ def ddp_method(name: str, backbone: str) -> SentEmbMethod:
 
 
 def ddp_fit(backbone: str, out: str, *names: str) -> None:
-    """One cached step of each METHODS[name] on 2 CPU processes, one fit after the other in the same
-    process group (one launch for all: each costs an interpreter per rank); Lightning relaunches
-    `python -m tests.test_grad_cache` for rank 1, which runs the same fits. Rank 0 writes out/<name>.pt."""
+    """One cached step of each METHODS[name] on each of 2 CPU processes (forked ranks, tests/launch.py), one fit
+    after the other in the same process group. Rank 0 writes out/<name>.pt."""
     for name in names:
         method = ddp_method(name, backbone)
         method.hparams.grad_cache_chunk = CHUNK
@@ -300,10 +297,7 @@ def ddp_fit(backbone: str, out: str, *names: str) -> None:
 def ddp_gradients(tiny_bert, tmp_path_factory) -> Path:
     """The folder where the 2-process fits of DDP_NAMES wrote their synced cached gradients."""
     out = tmp_path_factory.mktemp("ddp_grads")
-    env = os.environ | {"WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "tests.test_grad_cache", tiny_bert, str(out), *DDP_NAMES], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stderr[-4000:]
+    fork_ranks(ddp_fit, tiny_bert, str(out), *DDP_NAMES)
     return out
 
 
@@ -322,6 +316,3 @@ def test_ddp_cached_gradient_equals_one_process(tiny_bert: str, ddp_gradients: P
             assert set(got) == set(want) and all(".lora_" in k or k.startswith("mlp.") for k in want)
         assert relative_error(got, want) < 1e-10, name
 
-
-if __name__ == "__main__":
-    ddp_fit(*sys.argv[1:])

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from functools import partialmethod
 from pathlib import Path
@@ -48,6 +46,7 @@ import pytest
 
 from lightning_sentemb.console import PlainProgress
 from lightning_sentemb.lightning_cli import lightning_main
+from tests.launch import fork_ranks
 from tests.sync_counting import Record, StepCounter
 from tests.test_resume import METHODS
 
@@ -166,10 +165,9 @@ def kind(owner: str, where: str) -> str:
 
 
 def ddp_fit(cases: str, backbone: str, data: str, out: str) -> None:
-    """Each of the comma-separated DDP_CASES under `strategy: ddp` on 2 CPU processes, one after the other
-    in one launch (a launch costs an interpreter per rank; Lightning relaunches `python -m
-    tests.test_sync_free` for rank 1, which runs the same fits); each rank writes its collectives, the
-    cache file it trains on and every tokenization it ran."""
+    """Each of the comma-separated DDP_CASES under `strategy: ddp` on each of 2 CPU processes (forked ranks,
+    tests/launch.py), one after the other; each rank writes its collectives, the cache file it trains on and
+    every tokenization it ran."""
     from lightning.pytorch import Callback
 
     from lightning_sentemb.data import corpus
@@ -206,11 +204,7 @@ def ddp_fit(cases: str, backbone: str, data: str, out: str) -> None:
 @pytest.mark.slow
 def test_ddp_steps_exchange_only_gradients_and_embeddings_and_the_corpus_is_tokenized_once(tiny_bert, sts_fixture,
                                                                                            tmp_path):
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "tests.test_sync_free", ",".join(DDP_CASES), tiny_bert,
-                           str(sts_fixture), str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
+    fork_ranks(ddp_fit, ",".join(DDP_CASES), tiny_bert, str(sts_fixture), str(tmp_path))
     for case in DDP_CASES:
         ranks = [json.loads((tmp_path / f"{case}-rank{rank}.json").read_text()) for rank in (0, 1)]
         assert ranks[0]["cache"] == ranks[1]["cache"]  # the same file (path and inode) on both ranks
@@ -229,6 +223,3 @@ def test_ddp_steps_exchange_only_gradients_and_embeddings_and_the_corpus_is_toke
     # tokenized in the first case by one process; the second case found the cache
     assert (tmp_path / "tokenized.log").read_text().splitlines() == ["clusterns rank 0"]
 
-
-if __name__ == "__main__":
-    ddp_fit(*sys.argv[1:])

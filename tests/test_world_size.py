@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_sentemb.lightning_cli import lightning_main
-from tests.launch import launch
+from tests.launch import fork_ranks, run_commands
 from tests.test_resume import read_losses, run_args, trained_state
 
 STEPS, GLOBAL_BATCH = 3, 8
@@ -93,10 +93,8 @@ def case_args(case: str, backbone: str, data: Path, corpus_file: Path, folder: P
 def two_process_runs(tiny_bert, sts_fixture, corpus, tmp_path_factory) -> Path:
     """The folder where every case ran on 2 processes."""
     folder = tmp_path_factory.mktemp("two-processes")
-    # one launch for every case (tests/launch.py)
-    done = launch([case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES],
-                  folder / "commands.json")
-    assert done.returncode == 0, done.stderr[-3000:]
+    # one pair of forked ranks for every case (tests/launch.py)
+    fork_ranks(run_commands, [case_args(case, tiny_bert, sts_fixture, corpus, folder, 2) for case in CASES])
     return folder
 
 
