@@ -1,6 +1,6 @@
-"""A mixture under 2 gloo processes started by torchrun: every global batch (both ranks) comes from one
-dataset, the ranks' rows distinct, and a fit killed with -9 mid-mixture resumes from its step checkpoint bit
-for bit (the mixture's position is the checkpoint's data state)."""
+"""A mixture under 2 gloo processes: every global batch (both ranks) comes from one dataset, the ranks' rows
+distinct, and a fit killed with -9 mid-mixture (on forked ranks, tests/launch.py) resumes under torchrun, as
+users type it, from its step checkpoint bit for bit (the mixture's position is the checkpoint's data state)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from lightning.pytorch import Callback
 from transformers import AutoTokenizer
 
-from tests.launch import torchrun
+from tests.launch import fork_ranks, run_commands, torchrun
 from tests.test_mixture import sentence
 from tests.test_resume import read_losses, trained_state
 
@@ -73,12 +74,10 @@ def test_torchrun_mixture_batches_are_one_dataset_and_resume_bit_exact_after_kil
         (tmp_path / f"{name}.csv").write_text("sent0,sent1\n" + "".join(
             f"{sentence(i)} {name},{sentence(i, ' too')}\n" for i in range(size)))
     kill = {"class_path": "tests.test_mixture_ddp.KillAt", "init_args": {"step": KILL_AT}}
-    commands = tmp_path / "commands.json"
-    commands.write_text(json.dumps([command(tmp_path, tmp_path / "reference", tiny_bert, sts_fixture),
-                                    command(tmp_path, tmp_path / "run", tiny_bert, sts_fixture, kill)]))
-    killed = torchrun(["-m", "tests.launch", str(commands)])
-    assert killed.returncode != 0 and (tmp_path / "reference" / "checkpoints" / "last.ckpt").exists(), \
-        killed.stderr[-3000:]
+    with pytest.raises(mp.ProcessExitedException, match="process 0 terminated with signal SIGKILL"):
+        fork_ranks(run_commands, [command(tmp_path, tmp_path / "reference", tiny_bert, sts_fixture),
+                                  command(tmp_path, tmp_path / "run", tiny_bert, sts_fixture, kill)])
+    assert (tmp_path / "reference" / "checkpoints" / "last.ckpt").exists()
     assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()  # no clean stop: only step=2.ckpt
     step_checkpoint = tmp_path / "run" / "checkpoints" / "step=2.ckpt"
     resumed = torchrun([str(Path(sys.executable).with_name("sentemb")),

@@ -18,7 +18,7 @@ from lightning_sentemb.callbacks.checkpointing import AtomicCheckpointIO
 from lightning_sentemb.errors import SentEmbUserError
 from lightning_sentemb.lightning_cli import lightning_main
 from lightning_sentemb.methods.building import build_method
-from tests.launch import torchrun
+from tests.launch import fork_ranks, run_commands, torchrun
 
 MAX_STEPS, KILL_AT = 7, 3  # 20 sentences / batch 4 = 5 batches an epoch: the resume crosses an epoch
 
@@ -145,12 +145,12 @@ def test_resume_after_sigterm_is_bit_exact(method, workers, resume_workers, unin
 
 
 @pytest.mark.slow
-def test_torchrun_resume_is_bit_exact(tiny_bert, sts_fixture, corpus, tmp_path):
+def test_torchrun_resume_is_bit_exact(tiny_bert, sts_fixture, corpus, tmp_path, capfd):
     """The same under 2-process CPU DDP (gloo) started by torchrun, with the multinode preset: SIGTERM on rank 0
     stops both ranks at one step, and `sentemb fit --ckpt_path last` under a new torchrun resumes it (rank 0's
     decision through the store torchrun's agent serves on MASTER_PORT). ClusterNS: its step is SimCSE's plus the
     centroids rank 0 broadcasts: each rank's centroid state at the end, uninterrupted and resumed, is the same.
-    Two launches: the reference and the stopped run in one (tests/launch.py), the resume as users type it."""
+    The reference and the stopped run on one pair of forked ranks (tests/launch.py), the resume as users type it."""
 
     def command(root: Path, losses: Path, *extra: str) -> list[str]:
         kill = extra == ("kill",)
@@ -164,14 +164,13 @@ def test_torchrun_resume_is_bit_exact(tiny_bert, sts_fixture, corpus, tmp_path):
                           "--trainer.devices", "2", "--trainer.num_nodes", "1", "--trainer.precision", "32-true",
                           "--data.pin_memory", "false", "-c", str(config), *(() if kill else extra))]
 
-    commands = tmp_path / "commands.json"
-    commands.write_text(json.dumps([command(tmp_path / "reference", tmp_path / "reference.jsonl"),
-                                    command(tmp_path / "run", tmp_path / "run.jsonl", "kill")]))
-    done = torchrun(["-m", "tests.launch", str(commands)])
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "launch: command 1 stopped by SIGTERM" in done.stdout
+    capfd.readouterr()
+    fork_ranks(run_commands, [command(tmp_path / "reference", tmp_path / "reference.jsonl"),
+                              command(tmp_path / "run", tmp_path / "run.jsonl", "kill")])
+    said = capfd.readouterr().out  # the forked ranks' output
+    assert said.count("launch: command 1 stopped by SIGTERM") == 2, said[-3000:]  # by both ranks
     # under DDP the ranks agree to stop at the next decision point: here the validation of step 5
-    assert done.stderr.count("stopped at step ") == 1 and "stopped at step 5:" in done.stderr, done.stderr[-3000:]
+    assert checkpoint_step(tmp_path / "run" / "checkpoints" / "last.ckpt") == 5
     resumed = torchrun([str(Path(sys.executable).with_name("sentemb")),
                         *command(tmp_path / "run", tmp_path / "run.jsonl", "--ckpt_path", "last")], timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
