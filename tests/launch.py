@@ -1,18 +1,17 @@
-"""`python -m tests.launch COMMANDS.json`: each `sentemb` command of a JSON list of argument lists, one
-after the other in one process; `torchrun` runs a program under torchrun, as users launch it; `fork_ranks`
-runs a function on ranks forked from the test's process.
+"""How tests start several processes: `fork_ranks` runs a function on ranks forked from the test's process
+(the 2-process DDP checks), `run_commands` runs a list of `sentemb` commands one after the other on them,
+`torchrun` runs a program under torchrun, as users launch it; `run_script` runs a script (a benchmark's smoke
+run) in a child forked from the test's process.
 
-Several 2-process fits then share one launch. A launch costs an interpreter per rank (about 9 s of
-imports on the 2-core machine: torch, Lightning, torchmetrics); Lightning's `ddp` relaunches this same
-command line for rank 1, which runs the same commands in the same process group. A fit stopped by
-SIGTERM (exit status 143, `tests.test_resume.TerminateAt`) is reported on stdout, and the next command
-runs: it may be the resume.
+Several 2-process fits then share one pair of ranks; a fresh interpreter would cost about 9 s of imports a
+rank on the 2-core machine (torch, Lightning, torchmetrics). A fit stopped by SIGTERM (exit status 143,
+`tests.test_resume.TerminateAt`) is reported on stdout, and the next command runs: it may be the resume.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import runpy
 import signal
 import socket
 import subprocess
@@ -26,12 +25,6 @@ import torch.multiprocessing as mp
 from lightning_sentemb.lightning_cli import lightning_main
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def launch(commands: list[list[str]], commands_file: Path) -> subprocess.CompletedProcess:
-    """Run `commands` in one fresh process (written to `commands_file` for it and for its relaunched ranks)."""
-    commands_file.write_text(json.dumps(commands))
-    return run([sys.executable, "-m", "tests.launch", str(commands_file)])
 
 
 def torchrun(program: list[str], processes: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -93,5 +86,21 @@ def run_commands(commands: list[list[str]]) -> None:
             os.write(sys.stdout.fileno(), f"launch: command {index} stopped by SIGTERM\n".encode())
 
 
-if __name__ == "__main__":
-    run_commands(json.loads(Path(sys.argv[1]).read_text()))
+
+def run_script(script: Path, *argv: str, timeout: float = 600) -> None:
+    """`python script argv...` from the repository root, in a child forked from this process: the script runs
+    as `__main__` with this process's imports done (a benchmark's smoke run then pays no interpreter start)."""
+    child = mp.get_context("fork").Process(target=script_main, args=(str(script), list(argv)))
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, f"{script.name} {' '.join(argv)} exited with {child.exitcode}"
+
+
+def script_main(script: str, argv: list[str]) -> None:
+    os.chdir(REPO)
+    sys.argv = [script, *argv]
+    sys.path.insert(0, str(Path(script).parent))  # as `python script` puts its folder first
+    runpy.run_path(script, run_name="__main__")

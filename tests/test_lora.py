@@ -328,13 +328,12 @@ def test_lora_benchmark_runs_on_a_small_shape(shared_data, tmp_path) -> None:
     """`benchmarks/lora.py --shape small`: every configuration trains and checkpoints; LoRA's is smaller.
     (Its decoder's tokenizer is trained on the wiki1m mirror.)"""
     import json
-    import subprocess
-    import sys
 
-    repo = Path(__file__).resolve().parents[1]
+    from tests.launch import REPO, run_script
+
     output = tmp_path / "lora.json"
-    subprocess.run([sys.executable, str(repo / "benchmarks" / "lora.py"), "--shape", "small", "--batch", "4",
-                    "--steps", "1", "--output", str(output)], check=True, capture_output=True, cwd=repo)
+    run_script(REPO / "benchmarks" / "lora.py", "--shape", "small", "--batch", "4", "--steps", "1",
+               "--output", str(output))
     results = json.loads(output.read_text())
     assert list(results) == ["full fine-tuning", "LoRA", "LoRA + gradient checkpointing"]
     full, lora = results["full fine-tuning"], results["LoRA"]

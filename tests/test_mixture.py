@@ -198,15 +198,15 @@ def test_senteval_corpora_of_the_demo_mixture(shared_data, tmp_path):
 
 
 @pytest.mark.slow  # three interpreters loading MiniLM
-def test_the_mixture_benchmark_runs_on_tiny_sizes(tmp_path):
+def test_the_mixture_benchmark_runs_on_tiny_sizes(capfd):
     """`benchmarks/mixture.py` (`make bench`) end to end on 600 lines: both measurements come back."""
-    import subprocess
-    import sys
+    from tests.launch import REPO, run_script
 
-    done = subprocess.run([sys.executable, "benchmarks/mixture.py", "--lines", "600", "--datasets", "2", "--batches",
-                           "2", "--rounds", "1"], capture_output=True, text=True, check=True,
-                          cwd=Path(__file__).resolve().parents[1])
-    result = json.loads(done.stdout[done.stdout.index("{"):])
+    capfd.readouterr()
+    run_script(REPO / "benchmarks" / "mixture.py", "--lines", "600", "--datasets", "2", "--batches", "2", "--rounds",
+               "1")
+    printed = capfd.readouterr().out
+    result = json.loads(printed[printed.index("{"):])
     assert result["step time"]["ratio mixture / one file"] > 0
     assert result["memory (MiB)"]["ratios against one dataset"]["VmHWM"] > 0
 

@@ -101,3 +101,6 @@ def test_torchrun_mixture_batches_are_one_dataset_and_resume_bit_exact_after_kil
         names.append(name)
     # temperature 0.5, weights 1 : 2: 1 x √4 : 2 x √2 of 6 batches = 2.49 : 3.51 -> 2 and 4 an epoch, then one more
     assert names.count("small") in (4, 5)
+    # the resumed steps (2 to 6, under torchrun) drew on each rank the rows of the reference's
+    resumed = [read_losses(Path(f"{tmp_path / 'run.rows'}.rank{r}")) for r in range(2)]
+    assert resumed == ranks

@@ -309,13 +309,10 @@ def test_one_switch_chooses_the_attention_path(tiny_bert: str) -> None:
 def test_gpu_benchmark_smoke_runs_every_method(tmp_path) -> None:
     """`benchmarks/gpu.py --smoke`: tiny config on CPU, every method both ways and sentence-transformers."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    from tests.launch import REPO, run_script
+
     output = tmp_path / "gpu.json"
-    subprocess.run([sys.executable, str(repo / "benchmarks" / "gpu.py"), "--smoke", "--output", str(output)],
-                   check=True, capture_output=True, cwd=repo)
+    run_script(REPO / "benchmarks" / "gpu.py", "--smoke", "--output", str(output))
     rows = json.loads(output.read_text())["rows"]
     assert len(rows) == 11 and all(row["sentences_per_s"] > 0 for row in rows)
