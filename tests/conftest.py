@@ -263,3 +263,16 @@ def write_sts_fixture(root: Path, pairs_per_subset: int = 6) -> Path:
 @pytest.fixture(scope="session")
 def sts_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_sts_fixture(tmp_path_factory.mktemp("data"))
+
+
+# The modules whose tests start processes for half a minute or more (a benchmark's smoke run, multi-process
+# fits); run first, whole, so that under `pytest -n 2 --dist worksteal` (each worker takes a contiguous half of
+# the collection, an idle one steals the tail of the other's queue) the run ends on short tests rather than
+# one worker waiting on the other's last long one.
+LONG_FIRST = ("test_gpu_check.py", "test_mixture.py", "test_fsdp.py", "test_resume.py", "test_mixture_ddp.py",
+              "test_extending.py", "test_lora.py", "test_distributed_eval.py", "test_world_size.py",
+              "test_first_hour.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: each module's order kept
