@@ -86,7 +86,6 @@ def run_commands(commands: list[list[str]]) -> None:
             os.write(sys.stdout.fileno(), f"launch: command {index} stopped by SIGTERM\n".encode())
 
 
-
 def run_script(script: Path, *argv: str, timeout: float = 600) -> None:
     """`python script argv...` from the repository root, in a child forked from this process: the script runs
     as `__main__` with this process's imports done (a benchmark's smoke run then pays no interpreter start)."""

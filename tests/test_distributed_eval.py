@@ -25,7 +25,6 @@ from tests.conftest import write_sts_fixture
 from tests.evaluation.conftest import write_clustering_fixture, write_transfer_fixture
 from tests.launch import fork_ranks
 
-REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a man plays guitar .", "the cat sleeps on the sofa all day long", "kids play football",
              "birds", "a woman is slicing an onion in the kitchen", "two dogs run"]
 

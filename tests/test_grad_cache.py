@@ -27,7 +27,6 @@ from lightning_sentemb.methods.mixcse import MixCSE
 from tests.examples import training_examples
 from tests.launch import fork_ranks
 
-REPO = Path(__file__).resolve().parents[1]
 WORDS = ["a man plays guitar", "the cat sleeps on the sofa", "kids play football", "a woman cooks dinner",
          "the sun shines", "birds fly south for the winter", "a car drives fast", "a dog runs"]
 CHUNK = 3  # divides neither the views nor the rows: chunks straddle views and template-bias rows

@@ -50,7 +50,6 @@ from tests.launch import fork_ranks
 from tests.sync_counting import Record, StepCounter
 from tests.test_resume import METHODS
 
-REPO = Path(__file__).resolve().parents[1]
 MAX_STEPS, LOG_EVERY = 6, 3
 QUIET_STEPS = {1, 2, 4, 5}  # not a log step, no validation, no end of fit
 ENCODERS = "lightning_sentemb/encoders/"
